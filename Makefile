@@ -1,0 +1,51 @@
+# Entry points. `make train` trains and evaluates the Multi30k de->en recipe; `make test` runs the tests.
+PYTHON      ?= python3
+VENV        ?= .venv
+BIN         := $(VENV)/bin
+TORCH       ?= torch==2.13.0
+CONFIG      ?= configs/multi30k_de_en.yaml
+RUN_DIR     ?= runs/$(basename $(notdir $(CONFIG)))
+# Folder with the Multi30k files ({split}.{lang}.gz); empty: the recipe's own data.path (then the HF hub).
+DATA_DIR    ?=
+SET         ?=
+PYTEST_ARGS ?=
+
+DATA_SET := $(if $(DATA_DIR),data.path=$(DATA_DIR),)
+SETS     := $(strip $(DATA_SET) $(SET))
+SET_FLAGS := $(foreach s,$(SETS),--set $(s))
+
+.PHONY: install test lint train evaluate bench-decode bench-train clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev,viz]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check transformer tests scripts
+
+train: install
+	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS)
+	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test \
+		--json $(RUN_DIR)/eval_test.json $(SET_FLAGS)
+
+evaluate: install
+	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test \
+		--json $(RUN_DIR)/eval_test.json $(SET_FLAGS)
+
+bench-decode: install
+	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt
+
+bench-train: install
+	$(BIN)/python scripts/benchmark_train.py --config $(CONFIG) $(SET_FLAGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from transformer.model.attention import MultiHeadAttention, causal_mask, make_key_padding_mask
+
+
+def _attention(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    attn = MultiHeadAttention(d_model=16, n_heads=4, attention_dropout=dropout).eval()
+    with torch.no_grad():  # non-zero biases, so that a test can tell them apart from zero
+        attn.in_proj.bias.normal_()
+        attn.out_proj.bias.normal_()
+    return attn
+
+
+def test_causal_mask_blocks_future_only():
+    mask = causal_mask(4)
+    assert mask.dtype == torch.bool and mask.shape == (4, 4)
+    assert torch.equal(mask, torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool))
+    # With 2 cached positions, the 2 new queries are positions 2 and 3.
+    assert torch.equal(causal_mask(2, 4), mask[2:])
+
+
+def test_key_padding_mask_is_true_at_padding():
+    tokens = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    assert make_key_padding_mask(tokens, 0).tolist() == [[False, False, True], [False, True, True]]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_path_equals_fused_path(causal):
+    attn = _attention()
+    x = torch.randn(3, 5, 16)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] + [True] * 4])
+    mask = causal_mask(5) if causal else None
+    fused, none = attn(x, x, x, key_padding_mask=padding, attn_mask=mask)
+    explicit, weights = attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=True)
+    assert none is None
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (3, 4, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 5))
+    assert (weights[1, :, :, 3:] == 0).all() and (weights[2, :, :, 1:] == 0).all()
+    if causal:
+        assert (weights.triu(1) == 0).all()
+
+
+def test_is_causal_shortcut_equals_explicit_mask():
+    attn = _attention()
+    x = torch.randn(2, 6, 16)
+    expected, _ = attn(x, x, x, attn_mask=causal_mask(6))
+    got, _ = attn(x, x, x, is_causal=True)
+    got_explicit, weights = attn(x, x, x, is_causal=True, need_weights=True)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got_explicit, expected, atol=1e-5, rtol=1e-5)
+    assert (weights.triu(1) == 0).all()
+
+
+def test_cross_attention_uses_keys_from_memory():
+    attn = _attention()
+    query, memory = torch.randn(2, 3, 16), torch.randn(2, 7, 16)
+    out, weights = attn(query, memory, memory, need_weights=True)
+    assert out.shape == (2, 3, 16) and weights.shape == (2, 4, 3, 7)
+    changed, _ = attn(query, memory + 1.0, memory + 1.0, need_weights=True)
+    assert not torch.allclose(out, changed)
+
+
+def test_fully_masked_query_gives_zeros_not_nan():
+    attn = _attention()
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    padding = torch.tensor([[True] * 4, [False, False, True, True]])
+    fused, _ = attn(x, x, x, key_padding_mask=padding)
+    explicit, weights = attn(x, x, x, key_padding_mask=padding, need_weights=True)
+    for out in (fused, explicit):
+        assert torch.isfinite(out).all()
+        # The fully padded row attends to nothing: its output is the output projection's bias alone.
+        torch.testing.assert_close(out[0], attn.out_proj.bias.expand(4, 16))
+    assert (weights[0] == 0).all()
+    (fused.sum() + explicit.sum()).backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_rejects_indivisible_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(d_model=10, n_heads=4)

@@ -1,0 +1,429 @@
+"""Configuration: dataclasses for the model, data, training and decoding, and the YAML loader.
+
+All defaults live here. A YAML recipe mirrors the dataclasses section by section::
+
+    model:    {d_model: 256, n_heads: 4, ...}      -> TransformerConfig (vocab sizes come from `data`)
+    data:     {src_lang: de, tgt_lang: en, ...}    -> DataConfig
+    training: {max_steps: 5000, ...}               -> TrainingConfig
+    decoding: {beam_size: 4, ...}                  -> DecodingConfig
+
+`load_config(path, overrides)` validates everything at load time: an unknown key, a wrong type or a bad
+value raises `ConfigError` naming the key path, the file and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and switches of the encoder-decoder Transformer (Vaswani et al. 2017, §3 and Table 3).
+
+    Raises:
+        ConfigError: on creation, when a size is not positive, d_model is not divisible by n_heads,
+            a dropout is outside [0, 1), the activation is unknown, or full embedding sharing is asked
+            for with two vocabularies of different size.
+    """
+
+    src_vocab_size: int
+    """Number of source token ids (pieces), special tokens included."""
+    tgt_vocab_size: int
+    """Number of target token ids (pieces), special tokens included."""
+    d_model: int = 512
+    """Width of embeddings and of every sub-layer output (§3.1)."""
+    n_heads: int = 8
+    """Attention heads h; each head has d_head = d_model / n_heads (§3.2.2)."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network (§3.3)."""
+    n_encoder_layers: int = 6
+    """N for the encoder stack (§3.1)."""
+    n_decoder_layers: int = 6
+    """N for the decoder stack (§3.1)."""
+    dropout: float = 0.1
+    """P_drop on each sub-layer output and on the embedding sums (§5.4)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention weights (not in the paper; fairseq and tensor2tensor offer it)."""
+    activation: str = "relu"
+    """Feed-forward non-linearity: "relu" (paper, eq. 2) or "gelu"."""
+    norm_first: bool = False
+    """False: post-norm LayerNorm(x + Sublayer(x)) as in the paper; True: pre-norm with a final LayerNorm."""
+    max_positions: int = 1024
+    """Longest sequence (tokens) the positional encoding table covers."""
+    pad_id: int = 0
+    """Id of the padding token in both vocabularies."""
+    tie_embeddings: bool = True
+    """Share the decoder input embedding with the output projection (§3.4)."""
+    share_all_embeddings: bool = False
+    """Also share the encoder embedding (one joint vocabulary; §3.4 "the two embedding layers")."""
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+                     "n_encoder_layers", "n_decoder_layers", "max_positions"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, f"model.{name}", f"must be a positive integer, got {value!r}")
+        _require(self.d_model % self.n_heads == 0, "model.d_model",
+                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value!r}")
+        _require(self.activation in ("relu", "gelu"), "model.activation",
+                 f"must be 'relu' or 'gelu', got {self.activation!r}")
+        _require(0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size), "model.pad_id",
+                 f"must be a valid token id, got {self.pad_id}")
+        if self.share_all_embeddings:
+            _require(self.src_vocab_size == self.tgt_vocab_size, "model.share_all_embeddings",
+                     "sharing source, target and output embeddings needs one joint vocabulary "
+                     f"(got src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}); "
+                     "set data.joint_vocab: true, or keep only model.tie_embeddings (target and output)")
+
+    @property
+    def d_head(self) -> int:
+        """Width of one attention head, d_k = d_v = d_model / n_heads (§3.2.2)."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def base(cls, src_vocab_size: int, tgt_vocab_size: int, **changes: Any) -> "TransformerConfig":
+        """The paper's "base" model (Table 3): N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1."""
+        return cls(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **changes)
+
+    @classmethod
+    def big(cls, src_vocab_size: int, tgt_vocab_size: int, **changes: Any) -> "TransformerConfig":
+        """The paper's "big" model (Table 3): N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3."""
+        sizes = dict(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
+        sizes.update(changes)
+        return cls(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **sizes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data, training, decoding
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel corpus comes from and how it is tokenized and batched."""
+
+    src_lang: str = "de"
+    """Source language code: file suffix (`train.de.gz`) or dataset column / translation key."""
+    tgt_lang: str = "en"
+    """Target language code."""
+    path: Optional[str] = None
+    """Local folder with `{split}.{lang}` or `{split}.{lang}.gz` files, one sentence per line.
+    Relative paths are taken from the working directory. Used when it exists."""
+    hf_dataset: Optional[str] = None
+    """Hugging Face `datasets` id (e.g. `bentrevett/multi30k`, `wmt14`), or a loader name such as
+    `json`, `csv`, `parquet` together with `data_files`. Used when `path` is unset or missing."""
+    hf_config: Optional[str] = None
+    """Dataset config name (e.g. `de-en` for wmt14)."""
+    data_files: Optional[dict[str, str]] = None
+    """Split name -> local file for the `json`/`csv`/`parquet` loaders."""
+    hf_split_names: dict[str, str] = field(default_factory=dict)
+    """Our split name -> the dataset's split name, e.g. {val: validation, test_2016_flickr: test}."""
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    vocab_size: int = 8000
+    """Sentencepiece vocabulary size (pieces, special tokens included) of the joint model, or of each
+    model when joint_vocab is false."""
+    joint_vocab: bool = True
+    """One sentencepiece model for both languages (true) or one per language (false)."""
+    spm_model_type: str = "bpe"
+    """Sentencepiece algorithm: "bpe" or "unigram"."""
+    spm_max_sentences: int = 1_000_000
+    """At most this many sentences (per language) are used to train sentencepiece."""
+    max_len: int = 128
+    """Training pairs with more than this many tokens on either side (eos included) are dropped."""
+    max_tokens_per_batch: int = 4096
+    """Token budget of one batch: padded source and padded target tokens are each at most this (§5.1)."""
+    pool_factor: int = 100
+    """Batches are cut from pools of pool_factor * (sentences per batch) pairs sorted by length."""
+    valid_max_sentences: int = 0
+    """Use only the first N validation pairs for BLEU during training (0: all)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.src_lang) and bool(self.tgt_lang), "data.src_lang", "languages must be non-empty")
+        _require(self.src_lang != self.tgt_lang, "data.tgt_lang",
+                 f"source and target language are both {self.src_lang!r}")
+        for name in ("vocab_size", "max_len", "max_tokens_per_batch", "pool_factor", "spm_max_sentences"):
+            value = getattr(self, name)
+            _require(value > 0, f"data.{name}", f"must be a positive integer, got {value}")
+        _require(self.vocab_size > 8, "data.vocab_size", f"must be larger than 8, got {self.vocab_size}")
+        _require(self.max_tokens_per_batch >= self.max_len, "data.max_tokens_per_batch",
+                 f"must be at least data.max_len={self.max_len} so that every kept pair fits a batch")
+        _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type",
+                 f"must be 'bpe' or 'unigram', got {self.spm_model_type!r}")
+        _require(self.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0")
+        _require(self.path is not None or self.hf_dataset is not None, "data.path",
+                 "set data.path (a local folder) or data.hf_dataset (a Hugging Face dataset id)")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Optimisation, schedule, validation and checkpointing (Vaswani et al. 2017, §5)."""
+
+    seed: int = 1234
+    device: str = "auto"
+    """"auto" (cuda, then mps, then cpu), "cpu", "cuda", "cuda:1", "mps"."""
+    threads: int = 0
+    """torch intra-op threads on CPU (0: leave torch's default)."""
+    max_steps: int = 100_000
+    """Stop after this many optimizer updates."""
+    max_epochs: int = 0
+    """Stop after this many passes over the training data (0: no limit)."""
+    lr_scale: float = 1.0
+    """The factor in lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3)."""
+    warmup_steps: int = 4000
+    """Linear warm-up length (updates) of the schedule (§5.3)."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    """ε_ls of §5.4."""
+    clip_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value (0: no clipping)."""
+    accumulate_steps: int = 1
+    """Batches whose gradients are summed before one update."""
+    log_every_steps: int = 50
+    eval_every_steps: int = 1000
+    """Validate (loss, perplexity, greedy BLEU) every N updates and at the end."""
+    patience: int = 0
+    """Stop when validation BLEU has not improved for this many validations (0: never)."""
+    keep_last_checkpoints: int = 2
+    """Step checkpoints `checkpoints/step_N.pt` kept besides last.pt and best.pt (0: none)."""
+    max_nonfinite_steps: int = 10
+    """Stop after this many updates in a row with a non-finite loss or gradient."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "warmup_steps", "accumulate_steps", "log_every_steps", "eval_every_steps",
+                     "max_nonfinite_steps"):
+            value = getattr(self, name)
+            _require(value > 0, f"training.{name}", f"must be a positive integer, got {value}")
+        for name in ("max_epochs", "patience", "keep_last_checkpoints", "threads"):
+            _require(getattr(self, name) >= 0, f"training.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(self.lr_scale > 0, "training.lr_scale", f"must be positive, got {self.lr_scale}")
+        _require(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
+                 f"must be in [0, 1), got {self.label_smoothing}")
+        _require(self.clip_grad_norm >= 0, "training.clip_grad_norm", "must be >= 0 (0 disables clipping)")
+        _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "training.adam_betas", "both must be in [0, 1)")
+        _require(self.adam_eps > 0, "training.adam_eps", "must be positive")
+        _require(self.weight_decay >= 0, "training.weight_decay", "must be >= 0")
+        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",
+                 f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """Defaults for translate and evaluate (beam search: Vaswani et al. 2017, §6.1)."""
+
+    beam_size: int = 4
+    """1 is greedy decoding."""
+    length_penalty: float = 0.6
+    """α of the GNMT length penalty ((5 + |Y|) / 6)^α (0 disables it)."""
+    n_best: int = 1
+    max_len_a: float = 1.5
+    """Output length cap, in tokens: max_len_a * src_len + max_len_b."""
+    max_len_b: int = 10
+    min_len: int = 0
+    """Minimum output length in tokens (eos excluded)."""
+    batch_size: int = 64
+    """Sentences decoded together."""
+
+    def __post_init__(self) -> None:
+        _require(self.beam_size > 0, "decoding.beam_size", f"must be a positive integer, got {self.beam_size}")
+        _require(0 < self.n_best <= self.beam_size, "decoding.n_best",
+                 f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}")
+        _require(self.length_penalty >= 0, "decoding.length_penalty", "must be >= 0")
+        _require(self.max_len_a >= 0 and self.max_len_b >= 0, "decoding.max_len_a",
+                 "max_len_a and max_len_b must be >= 0")
+        _require(self.max_len_a > 0 or self.max_len_b > 0, "decoding.max_len_b",
+                 "max_len_a * src_len + max_len_b must allow at least one token")
+        _require(self.min_len >= 0, "decoding.min_len", "must be >= 0")
+        _require(self.batch_size > 0, "decoding.batch_size", "must be a positive integer")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run: the four sections of a YAML recipe. `model` is complete (vocab sizes filled in)."""
+
+    model: TransformerConfig
+    data: DataConfig
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (only str/int/float/bool/list/dict/None) for YAML and checkpoints."""
+        out = dataclasses.asdict(self)
+        for key in _DERIVED_MODEL_KEYS:
+            out["model"].pop(key)
+        out["training"]["adam_betas"] = list(self.training.adam_betas)
+        return out
+
+
+# Special ids, fixed for every tokenizer this project trains (see tokenizer.py).
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------------------
+
+_SECTIONS = {"model": TransformerConfig, "data": DataConfig, "training": TrainingConfig, "decoding": DecodingConfig}
+# Model fields that the tokenizer decides, not the YAML file.
+_DERIVED_MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size", "pad_id")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return "null" if tp is type(None) else tp.__name__
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; int is accepted where float is expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        _require(value is None, key, f"expected null, got {value!r}")
+        return None
+    if origin is tuple:
+        args = typing.get_args(tp)
+        _require(isinstance(value, (list, tuple)) and len(value) == len(args), key,
+                 f"expected a list of {len(args)} numbers, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
+    if origin is dict:
+        _require(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return {str(k): _coerce(v, str, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        _require(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+                 f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _require(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")
+
+
+def _section_kwargs(cls: type, values: Any, section: str) -> dict[str, Any]:
+    """Type-check one section's mapping against the fields of `cls`; returns the constructor kwargs."""
+    _require(isinstance(values, dict), section, f"expected a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if not (section == "model" and f.name in _DERIVED_MODEL_KEYS)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {section}.{close[0]}?" if close else f"; allowed: {', '.join(names)}"
+            raise ConfigError(f"{section}.{key}: unknown key{hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+    return kwargs
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    """Apply one `section.key=value` override (value parsed as YAML) to the raw mapping."""
+    if "=" not in override:
+        raise ConfigError(f"--set {override!r}: expected the form section.key=value, e.g. training.max_steps=200")
+    dotted, text = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or parts[0] not in _SECTIONS:
+        raise ConfigError(f"--set {override!r}: the key must be section.key with a section among "
+                          f"{', '.join(_SECTIONS)}")
+    section = raw.setdefault(parts[0], {})
+    if section is None:
+        section = raw[parts[0]] = {}
+    section[parts[1]] = yaml.safe_load(text) if text.strip() else None
+
+
+def config_from_dict(raw: dict[str, Any], vocab_sizes: Optional[tuple[int, int]] = None) -> Config:
+    """Build and validate a `Config` from a plain mapping (a parsed YAML file or a checkpoint's copy).
+
+    Args:
+        raw: mapping with sections `model`, `data`, `training`, `decoding` (each optional but `data`).
+        vocab_sizes: (src_vocab_size, tgt_vocab_size); by default both are `data.vocab_size`.
+
+    Raises:
+        ConfigError: naming the key path of the first invalid, unknown or missing value.
+    """
+    _require(isinstance(raw, dict), "config", "the file must hold a mapping with sections "
+             f"{', '.join(_SECTIONS)}")
+    for key in raw:
+        if key not in _SECTIONS:
+            close = difflib.get_close_matches(str(key), list(_SECTIONS), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"allowed sections: {', '.join(_SECTIONS)}"
+            raise ConfigError(f"{key}: unknown section; {hint}")
+    kwargs = {name: _section_kwargs(cls, raw.get(name) or {}, name) for name, cls in _SECTIONS.items()}
+    data = DataConfig(**kwargs["data"])
+    if vocab_sizes is None:
+        vocab_sizes = (data.vocab_size, data.vocab_size)
+    if kwargs["model"].get("share_all_embeddings") and not data.joint_vocab:
+        raise ConfigError("model.share_all_embeddings: sharing source, target and output embeddings needs one "
+                          "joint vocabulary; set data.joint_vocab: true, or keep only model.tie_embeddings "
+                          "(target embedding and output projection)")
+    model = TransformerConfig(src_vocab_size=vocab_sizes[0], tgt_vocab_size=vocab_sizes[1], pad_id=PAD_ID,
+                              **kwargs["model"])
+    return Config(model=model, data=data, training=TrainingConfig(**kwargs["training"]),
+                  decoding=DecodingConfig(**kwargs["decoding"]))
+
+
+def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Config:
+    """Read a YAML recipe, apply `section.key=value` overrides and validate the result.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
+            the message starts with the file name and names the key path.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    try:
+        for override in overrides:
+            _apply_override(raw, override)
+        return config_from_dict(raw)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (what `load_config` reads back)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,235 @@
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017, §3.2), masks and the key/value cache.
+
+Shape legend (used in every docstring and reshape comment of the model):
+    batch     sentences in the batch (times beam_size during beam search)
+    q_len     query positions; k_len key/value positions
+    src_len   source positions; tgt_len target positions
+    d_model   model width; n_heads heads of width d_head = d_model / n_heads
+
+Mask convention (one for the whole project):
+    * A padding mask is a bool tensor `(batch, len)` that is **True at padding** (PyTorch's
+      `key_padding_mask` meaning). It is built once, in `data/batching.py` or by `make_key_padding_mask`.
+    * The causal mask is a bool tensor `(tgt_len, tgt_len)` that is **True above the diagonal**: query i may
+      not look at key j > i. It is built once, by `causal_mask`.
+    * `torch.nn.functional.scaled_dot_product_attention` reads bool masks the other way round (True = may
+      attend); the only conversion is `_allowed_positions` below.
+    * A query whose keys are all masked (for instance every position of an empty, fully padded source)
+      attends to nothing: its attention weights are all zero and its output is zero, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def make_key_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Padding mask of a batch of token ids.
+
+    Args:
+        tokens: `(batch, len)` LongTensor of token ids.
+        pad_id: id of the padding token.
+
+    Returns:
+        `(batch, len)` bool tensor, True at padding.
+    """
+    return tokens.eq(pad_id)
+
+
+def causal_mask(q_len: int, k_len: Optional[int] = None, device: torch.device | str | None = None) -> Tensor:
+    """The decoder's causal ("subsequent") mask (§3.2.3: prevent leftward information flow).
+
+    Args:
+        q_len: number of query positions (tgt_len).
+        k_len: number of key positions; defaults to q_len. When k_len > q_len the queries are the last
+            q_len positions (incremental decoding with k_len - q_len cached positions before them).
+        device: where to build it.
+
+    Returns:
+        `(q_len, k_len)` bool tensor, True where key j lies in the future of query i (blocked): True above
+        the diagonal when k_len == q_len.
+    """
+    k_len = q_len if k_len is None else k_len
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(k_len - q_len + 1)
+
+
+def _allowed_positions(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """Combine the masks into one bool tensor that is True where attention is *allowed*.
+
+    Args:
+        key_padding_mask: `(batch, k_len)`, True at padding, or None.
+        attn_mask: `(q_len, k_len)`, True where blocked (e.g. `causal_mask`), or None.
+
+    Returns:
+        None when nothing is masked, else a bool tensor broadcastable to `(batch, n_heads, q_len, k_len)`.
+    """
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = ~key_padding_mask[:, None, None, :]  # (batch, 1, 1, k_len)
+    if attn_mask is not None:
+        not_blocked = ~attn_mask  # (q_len, k_len)
+        allowed = not_blocked if allowed is None else allowed & not_blocked
+    return allowed
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allowed: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out (§3.2.1, eq. 1).
+
+    This is the explicit path that also returns the weights (for visualization and tests); the fused
+    path in `MultiHeadAttention` computes the same output with `F.scaled_dot_product_attention`.
+
+    Args:
+        query: `(batch, n_heads, q_len, d_head)`.
+        key: `(batch, n_heads, k_len, d_head)`.
+        value: `(batch, n_heads, k_len, d_head)`.
+        allowed: bool, broadcastable to `(batch, n_heads, q_len, k_len)`, True where attention is allowed.
+        dropout_p: dropout probability on the weights (0 in eval mode).
+
+    Returns:
+        output `(batch, n_heads, q_len, d_head)` and weights `(batch, n_heads, q_len, k_len)`; each row of
+        weights sums to 1, or is all zero when every key of that row is masked.
+    """
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (batch, n_heads, q_len, k_len)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    if allowed is not None:
+        # A fully masked row is softmax(-inf, ..., -inf) = NaN; it attends to nothing instead.
+        weights = weights.masked_fill(~allowed, 0.0)
+    output = F.dropout(weights, p=dropout_p) @ value  # (batch, n_heads, q_len, d_head)
+    return output, weights
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer kept across decoding steps.
+
+    Self-attention appends the new position's key and value at each step; encoder-decoder attention
+    (`is_static=True`) projects the memory once and reuses it.
+
+    Attributes:
+        key: `(batch, n_heads, cached_len, d_head)` or None before the first step.
+        value: `(batch, n_heads, cached_len, d_head)` or None before the first step.
+        is_static: True for encoder-decoder attention.
+    """
+
+    key: Optional[Tensor] = None
+    value: Optional[Tensor] = None
+    is_static: bool = False
+
+    def select(self, index: Tensor) -> None:
+        """Keep (and reorder, repeat) batch rows: row i becomes old row `index[i]`.
+
+        Args:
+            index: `(new_batch,)` LongTensor of row indices.
+        """
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Reference: Vaswani et al. 2017, §3.2.2. The h per-head projections are stored as one d_model x d_model
+    matrix each for Q, K and V (the heads are column blocks), packed into `in_proj` so that self-attention
+    projects Q, K and V with one matrix multiplication.
+
+    Args:
+        d_model: model width.
+        n_heads: number of heads; d_model must be divisible by it.
+        attention_dropout: dropout on the attention weights during training.
+
+    Raises:
+        ValueError: if d_model is not divisible by n_heads.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.attention_dropout = attention_dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for each of W^Q, W^K, W^V, W^O (as a d_model x d_model matrix); zero biases."""
+        for block in self.in_proj.weight.chunk(3, dim=0):
+            nn.init.xavier_uniform_(block)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (batch, n_heads, len, d_head)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, cache: Optional[KVCache]) -> tuple[Tensor, ...]:
+        """Project to per-head queries, keys and values, using and updating the cache."""
+        d = self.d_model
+        weight, bias = self.in_proj.weight, self.in_proj.bias
+        if cache is not None and cache.is_static and cache.key is not None:
+            q = F.linear(query, weight[:d], bias[:d])
+            return self._split_heads(q), cache.key, cache.value
+        if query is key and key is value:  # self-attention: one matmul for Q, K and V
+            q, k, v = self.in_proj(query).chunk(3, dim=-1)  # each (batch, q_len, d_model)
+        else:
+            q = F.linear(query, weight[:d], bias[:d])
+            if key is value:  # encoder-decoder attention: one matmul for K and V
+                k, v = F.linear(key, weight[d:], bias[d:]).chunk(2, dim=-1)
+            else:
+                k = F.linear(key, weight[d:2 * d], bias[d:2 * d])
+                v = F.linear(value, weight[2 * d:], bias[2 * d:])
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        if cache is not None:
+            if not cache.is_static and cache.key is not None:
+                k = torch.cat([cache.key, k], dim=2)  # (batch, n_heads, cached_len + k_len, d_head)
+                v = torch.cat([cache.value, v], dim=2)
+            cache.key, cache.value = k, v
+        return q, k, v
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+                attn_mask: Optional[Tensor] = None, is_causal: bool = False, cache: Optional[KVCache] = None,
+                need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        """Attend from `query` to `key`/`value`.
+
+        Args:
+            query: `(batch, q_len, d_model)`.
+            key: `(batch, k_len, d_model)`; pass the same tensor as `query` for self-attention and the
+                same tensor as `value` for encoder-decoder attention (both save projections).
+            value: `(batch, k_len, d_model)`.
+            key_padding_mask: `(batch, k_len)` bool, True at padded keys (all keys, cached ones included).
+            attn_mask: `(q_len, k_len)` bool, True where blocked, e.g. `causal_mask(tgt_len)`.
+            is_causal: shortcut for `attn_mask=causal_mask(q_len)` when q_len == k_len (no cache); lets the
+                fused kernel skip building the mask. Ignored when `attn_mask` is given.
+            cache: a `KVCache`; self-attention appends this call's keys/values to it, static
+                (encoder-decoder) attention fills it once and then ignores `key` and `value`.
+            need_weights: if True, take the explicit path and also return the attention weights.
+
+        Returns:
+            output `(batch, q_len, d_model)` and, if need_weights, the weights
+            `(batch, n_heads, q_len, k_len)` (else None).
+        """
+        q, k, v = self._project(query, key, value, cache)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        if is_causal and attn_mask is None and (need_weights or key_padding_mask is not None):
+            attn_mask = causal_mask(q.size(2), device=q.device)
+        allowed = _allowed_positions(key_padding_mask, attn_mask)
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p)
+        else:
+            use_causal = is_causal and allowed is None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
+                                                 is_causal=use_causal)
+            weights = None
+        batch, _, q_len, _ = out.shape
+        out = out.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (batch, q_len, d_model)
+        return self.out_proj(out), weights
