@@ -2,6 +2,7 @@
 
 from .config import Config, ConfigError, TransformerConfig, load_config
 from .model import Transformer
+from .translate import Translator
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "Transformer", "TransformerConfig", "load_config"]
+__all__ = ["Config", "ConfigError", "Transformer", "TransformerConfig", "Translator", "load_config"]

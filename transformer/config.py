@@ -215,6 +215,8 @@ class TrainingConfig:
     """Step checkpoints `checkpoints/step_N.pt` kept besides last.pt and best.pt (0: none)."""
     max_nonfinite_steps: int = 10
     """Stop after this many updates in a row with a non-finite loss or gradient."""
+    precision: str = "fp32"
+    """Forward/backward precision: "fp32", or "bf16" through torch.autocast (weights and optimizer stay fp32)."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "warmup_steps", "accumulate_steps", "log_every_steps", "eval_every_steps",
@@ -230,6 +232,8 @@ class TrainingConfig:
         _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "training.adam_betas", "both must be in [0, 1)")
         _require(self.adam_eps > 0, "training.adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "training.weight_decay", "must be >= 0")
+        _require(self.precision in ("fp32", "bf16"), "training.precision",
+                 f"must be fp32 or bf16, got {self.precision!r}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",
                  f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 

@@ -1,0 +1,187 @@
+"""The `transformer` command: train, translate, evaluate.
+
+Each subcommand parses its arguments, calls one function, and maps user mistakes (bad config, bad data,
+bad checkpoint) to one line on stderr and exit status 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .config import ConfigError, config_from_dict, load_config
+from .data import DataError, load_split, read_lines, split_lines
+from .tokenizer import TokenizerError
+from .training.checkpoint import CheckpointError, load_checkpoint
+
+logger = logging.getLogger("transformer")
+
+USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError)
+
+
+def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
+    group.add_argument("--beam-size", type=int, help="beam size; 1 is greedy decoding")
+    group.add_argument("--length-penalty", type=float, help="α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
+    group.add_argument("--n-best", type=int, help="print this many hypotheses per input as 'index<TAB>score<TAB>text'")
+    group.add_argument("--batch-size", type=int, help="sentences decoded together")
+    group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
+    group.add_argument("--max-len-b", type=int, help="see --max-len-a")
+    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a model from a YAML config")
+    train.add_argument("--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml")
+    train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a config value, e.g. --set training.max_steps=200 (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
+
+    translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
+    translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
+    translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
+    translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
+    translate.add_argument("--output", help="write translations here (default: stdout)")
+    _add_decoding_flags(translate)
+
+    evaluate = sub.add_parser("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
+    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
+    evaluate.add_argument("--ref", help="reference file, aligned with --src")
+    evaluate.add_argument("--split", help="a split of the checkpoint's data section instead of --src/--ref: "
+                          "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is")
+    evaluate.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
+                          help="override the checkpoint's data section for --split, e.g. --set data.path=DIR")
+    evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
+    evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
+    _add_decoding_flags(evaluate)
+    return parser
+
+
+def _decoding_kwargs(args: argparse.Namespace) -> dict:
+    return dict(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
+                max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training.trainer import NonFiniteLossError, TrainingInterrupted, train
+
+    config = load_config(args.config, args.set)
+    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    try:
+        state = train(config, run_dir, resume=args.resume)
+    except TrainingInterrupted as stop:
+        print(f"\n{stop}", file=sys.stderr)
+        return 130
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
+          f"checkpoints in {run_dir / 'checkpoints'}")
+    return 0
+
+
+def _read_input(args: argparse.Namespace) -> list[str]:
+    if args.sentences:
+        return list(args.sentences)
+    if args.input:
+        return read_lines(args.input)
+    return split_lines(sys.stdin.buffer.read(), "<stdin>")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from .translate import Translator
+
+    lines = _read_input(args)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    n_best = args.n_best or 1
+    results = translator.translate_n_best(lines, n_best=n_best, **_decoding_kwargs(args))
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for index, hyps in enumerate(results):
+            if args.n_best:
+                for text, score in hyps:
+                    out.write(f"{index}\t{score:.4f}\t{text}\n")
+            else:
+                out.write(hyps[0][0] + "\n")
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+def _split_files(args: argparse.Namespace) -> tuple[list[str], list[str], str, str]:
+    """Source lines, reference lines, target language, and a description of where they came from."""
+    state = load_checkpoint(args.checkpoint)
+    raw = state["config"]
+    for override in args.set:
+        key, _, value = override.partition("=")
+        section, _, name = key.partition(".")
+        if section != "data" or not name or not _:
+            raise ConfigError(f"--set {override!r}: expected data.KEY=VALUE")
+        raw["data"][name] = yaml.safe_load(value)
+    config = config_from_dict(raw, vocab_sizes=tuple(state["vocab_sizes"]))
+    if args.split:
+        split = {"test": config.data.test_split, "valid": config.data.valid_split}.get(args.split, args.split)
+        corpus = load_split(config.data, split)
+        return corpus.src, corpus.tgt, config.data.tgt_lang, corpus.origin
+    if not (args.src and args.ref):
+        raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    return src, ref, config.data.tgt_lang, f"{args.src} + {args.ref}"
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import corpus_scores
+    from .translate import Translator
+
+    src, refs, tgt_lang, origin = _split_files(args)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    hyps = translator.translate(src, **_decoding_kwargs(args))
+    scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
+    options = translator._options(**_decoding_kwargs(args))
+    print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
+    print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
+    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}, "
+          f"length_penalty={options.length_penalty}")
+    if args.json:
+        json_path = Path(args.json)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        hyp_path = json_path.with_suffix(".hyp.txt")
+        hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        record = {**scores.to_dict(), "checkpoint": str(args.checkpoint), "data": origin,
+                  "beam_size": options.beam_size, "length_penalty": options.length_penalty,
+                  "hypotheses": str(hyp_path)}
+        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {json_path} and {hyp_path}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else (logging.INFO if args.command == "train" else logging.WARNING)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    commands = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate}
+    try:
+        return commands[args.command](args)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # e.g. an unavailable --device, or a decoding option out of range
+        if args.verbose:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,100 @@
+"""Batched greedy decoding on the key/value cache: each sentence stops at its own eos.
+
+Output length cap (shared with beam search): a sentence of src_len source tokens (eos included) gets at
+most `max_output_length(src_len) = floor(max_len_a * src_len + max_len_b)` target tokens before eos; a
+sentence that reaches it ends there, unfinished (`Hypothesis.finished` is False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..config import BOS_ID, EOS_ID
+from ..model import Transformer
+
+
+@dataclass
+class Hypothesis:
+    """One output sequence.
+
+    Attributes:
+        tokens: target ids without bos and eos.
+        score: sum of the token log-probabilities (eos included when finished), divided by the length
+            penalty in beam search (see `decoding/beam.py`).
+        finished: True if the sequence ended with eos; False if it was cut at the length cap.
+    """
+
+    tokens: list[int]
+    score: float
+    finished: bool
+
+
+def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
+    """Per sentence: floor(max_len_a * src_len + max_len_b), within [1, max_positions - 1] tokens.
+
+    Args:
+        src_key_padding_mask: `(batch, src_len)` bool, True at padding.
+    """
+    src_lengths = (~src_key_padding_mask).sum(1).tolist()
+    return [max(1, min(max_positions - 1, int(max_len_a * n + max_len_b))) for n in src_lengths]
+
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
+                  max_len_b: int = 10, min_len: int = 0, use_cache: bool = True) -> list[Hypothesis]:
+    """Pick the most probable next token until eos or the length cap, for a batch of sentences.
+
+    Finished sentences leave the batch, so the work per step shrinks as sentences end, and the loop
+    stops as soon as the last one has ended.
+
+    Args:
+        model: the Transformer (put in eval mode by the caller).
+        src: `(batch, src_len)` LongTensor, padded with pad_id.
+        src_key_padding_mask: `(batch, src_len)` bool, True at padding.
+        max_len_a, max_len_b: output length cap, see the module docstring.
+        min_len: eos is not allowed before this many tokens.
+        use_cache: decode one new position per step on the key/value cache (True) or rerun the decoder
+            over the whole prefix at every step (False; for tests and benchmarks).
+
+    Returns:
+        One `Hypothesis` per sentence, in input order.
+    """
+    n = src.size(0)
+    memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
+    mask = src_key_padding_mask
+    max_lengths = max_output_lengths(mask, max_len_a, max_len_b, model.config.max_positions)
+    cache = model.new_cache() if use_cache else None
+    prefix = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)  # (alive, step + 1)
+    alive = list(range(n))  # input positions of the rows still decoding
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    scores, finished = [0.0] * n, [False] * n
+    for step in range(max(max_lengths) + 1):
+        logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (alive, tgt_vocab_size)
+        if step < min_len:
+            lprobs[:, EOS_ID] = float("-inf")
+        best_lprobs, best = lprobs.max(dim=-1)
+        keep = []
+        for row, (i, token, lprob) in enumerate(zip(alive, best.tolist(), best_lprobs.tolist())):
+            scores[i] += lprob
+            if token == EOS_ID:
+                finished[i] = True
+                continue
+            outputs[i].append(token)
+            if len(outputs[i]) < max_lengths[i]:
+                keep.append(row)
+        if len(keep) < len(alive):
+            if not keep:
+                break
+            index = torch.tensor(keep, device=src.device)
+            memory, mask = memory.index_select(0, index), mask.index_select(0, index)
+            best = best.index_select(0, index)
+            prefix = prefix.index_select(0, index)
+            if cache is not None:
+                cache.select(index)
+            alive = [alive[row] for row in keep]
+        prefix = torch.cat([prefix, best[:, None]], dim=1)
+    return [Hypothesis(outputs[i], scores[i], finished[i]) for i in range(n)]

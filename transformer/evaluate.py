@@ -1,0 +1,71 @@
+"""Corpus BLEU and chrF with sacrebleu, on detokenized text, with sacrebleu's signatures."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import sacrebleu
+
+logger = logging.getLogger(__name__)
+
+# Target languages whose text is not space-separated need another BLEU tokenizer than the default 13a.
+_BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+
+
+@dataclass
+class Scores:
+    """Corpus-level scores and how they were computed.
+
+    Attributes:
+        bleu: sacreBLEU (0-100); chrf: chrF2 (0-100).
+        bleu_signature, chrf_signature: sacrebleu's signatures, to report with the numbers.
+        n_sentences: number of hypothesis/reference pairs.
+    """
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    n_sentences: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bleu_tokenizer(tgt_lang: str) -> str:
+    """sacrebleu tokenizer for a target language: zh, ja-mecab, ko-mecab for those languages, else 13a.
+
+    Falls back to "char" when a mecab tokenizer's extra package is not installed (with a warning).
+    """
+    name = _BLEU_TOKENIZERS.get(tgt_lang.split("_")[0].split("-")[0].lower(), "13a")
+    if name.endswith("mecab"):
+        try:
+            sacrebleu.BLEU(tokenize=name)
+        except (ImportError, RuntimeError, SystemExit):
+            logger.warning("sacrebleu tokenizer %s needs an extra package (pip install sacrebleu[%s]); using 'char'",
+                           name, name.split("-")[0])
+            name = "char"
+    return name
+
+
+def corpus_scores(hypotheses: list[str], references: list[str], tgt_lang: str = "en",
+                  tokenize: str | None = None) -> Scores:
+    """Corpus BLEU and chrF of detokenized hypotheses against one reference each.
+
+    Args:
+        hypotheses, references: detokenized sentences, aligned.
+        tgt_lang: picks the BLEU tokenizer (see `bleu_tokenizer`) unless `tokenize` is given.
+        tokenize: a sacrebleu tokenizer name, e.g. "13a", "zh", "intl".
+
+    Raises:
+        ValueError: if the two lists differ in length.
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu = sacrebleu.BLEU(tokenize=tokenize or bleu_tokenizer(tgt_lang))
+    chrf = sacrebleu.CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()),
+                  len(hypotheses))

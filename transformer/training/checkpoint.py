@@ -1,0 +1,71 @@
+"""Checkpoints: atomic save, safe load, and the contents that make a resume exact.
+
+A checkpoint is a dict of plain data and tensors only, loadable with `torch.load(weights_only=True)`:
+
+    model        state_dict of the Transformer
+    config       the resolved config as a plain dict (`Config.to_dict()`), vocab sizes in `vocab_sizes`
+    tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models
+    step, epoch, batch_in_epoch, best_bleu, evals_without_improvement   (training position)
+    optimizer    optimizer state_dict; rng: torch/python RNG states     (training checkpoints only)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt, or holds more than plain data."""
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write `state` to `path` atomically: a temporary file in the same folder, fsync, then rename.
+
+    A process killed while saving leaves the previous file at `path` intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (`weights_only=True`: no pickled objects are executed).
+
+    Args:
+        path: the `.pt` file.
+        map_location: device for the tensors; "cpu" loads a CUDA checkpoint on a machine without CUDA.
+
+    Raises:
+        CheckpointError: naming the file, if it is missing, truncated/corrupt, not a checkpoint of this
+            project, or holds pickled objects.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{path}: refused to load: the file holds pickled Python objects, which "
+                              f"could run code (only tensors and plain data are allowed). {str(err)[:200]}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
+                              f"{str(err).splitlines()[0][:200]}") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
+    return state

@@ -1,0 +1,155 @@
+"""Text in, text out: tokenize, batch, decode, detokenize. The Python API is `Translator`.
+
+    from transformer import Translator
+    translator = Translator.from_checkpoint("runs/multi30k_de_en/checkpoints/best.pt", device="cpu")
+    translator.translate(["Ein Mann fährt Fahrrad."])            # -> ["A man is riding a bike."]
+
+Guarantees: one output per input, in input order; empty or whitespace-only inputs give empty outputs; an
+input longer than the model's max_positions is truncated with a warning (counted in `stats`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config import EOS_ID, Config, DecodingConfig, config_from_dict
+from .data import make_batch
+from .decoding import Hypothesis, greedy_decode
+from .device import resolve_device
+from .model import Transformer
+from .tokenizer import Tokenizer
+from .training.checkpoint import load_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TranslationStats:
+    """Counts from the last `translate` call: sentences, truncated inputs, outputs cut at the length cap."""
+
+    n_sentences: int = 0
+    n_truncated: int = 0
+    n_hit_max_len: int = 0
+    n_output_tokens: int = 0
+
+
+class Translator:
+    """A trained model with its tokenizer and decoding defaults.
+
+    Args:
+        model: the Transformer (moved to `device`, put in eval mode).
+        tokenizer: its sentencepiece models.
+        config: the run's config (decoding defaults come from `config.decoding`).
+        device: where to decode.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
+                 device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.stats = TranslationStats()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu") -> "Translator":
+        """Rebuild model, tokenizer and config from one checkpoint file (whatever device trained it).
+
+        Raises:
+            CheckpointError: the file is missing, corrupt or unsafe.
+            ValueError: the device is not available.
+        """
+        resolved = resolve_device(device)
+        state = load_checkpoint(path, map_location="cpu")
+        config = config_from_dict(state["config"], vocab_sizes=tuple(state["vocab_sizes"]))
+        model = Transformer(config.model)
+        model.load_state_dict(state["model"])
+        return cls(model, Tokenizer.from_dict(state["tokenizer"]), config, resolved)
+
+    def _options(self, **overrides: Optional[float]) -> DecodingConfig:
+        values = {k: v for k, v in overrides.items() if v is not None}
+        base = self.config.decoding
+        if "beam_size" in values and "n_best" not in values:
+            values["n_best"] = min(base.n_best, values["beam_size"])
+        return DecodingConfig(**{**base.__dict__, **values})
+
+    def translate(self, sentences: list[str], beam_size: Optional[int] = None,
+                  length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
+                  max_len_a: Optional[float] = None, max_len_b: Optional[int] = None,
+                  min_len: Optional[int] = None) -> list[str]:
+        """Translate sentences; unset options take the config's `decoding` defaults.
+
+        Returns:
+            One detokenized string per input, in input order.
+        """
+        n_best = self.translate_n_best(sentences, n_best=1, beam_size=beam_size, length_penalty=length_penalty,
+                                       batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
+                                       min_len=min_len)
+        return [hyps[0][0] for hyps in n_best]
+
+    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, beam_size: Optional[int] = None,
+                         length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
+                         max_len_a: Optional[float] = None, max_len_b: Optional[int] = None,
+                         min_len: Optional[int] = None) -> list[list[tuple[str, float]]]:
+        """Translate sentences and return the n best (text, score) pairs of each, best first.
+
+        Raises:
+            ConfigError: an option is out of range (e.g. n_best > beam_size).
+        """
+        options = self._options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
+                                batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+        hypotheses = self.decode_ids(self._encode(sentences), options)
+        return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+
+    def _encode(self, sentences: list[str]) -> list[Optional[list[int]]]:
+        """Source ids per sentence (None for empty input), truncated to max_positions with a warning."""
+        self.stats = TranslationStats(n_sentences=len(sentences))
+        limit = self.model.config.max_positions
+        out: list[Optional[list[int]]] = []
+        texts = [s.strip() for s in sentences]
+        encoded = self.tokenizer.encode_src([t for t in texts if t])
+        it = iter(encoded)
+        for i, text in enumerate(texts):
+            if not text:
+                out.append(None)
+                continue
+            ids = next(it)
+            if len(ids) > limit:
+                logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated",
+                               i + 1, len(ids), limit)
+                self.stats.n_truncated += 1
+                ids = ids[:limit - 1] + [EOS_ID]
+            out.append(ids)
+        return out
+
+    @torch.no_grad()
+    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig) -> list[list[Hypothesis]]:
+        """Decode source id sequences in batches of similar length; None inputs give one empty hypothesis.
+
+        Returns:
+            Per input, `options.n_best` hypotheses, best first.
+        """
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
+        order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
+        for start in range(0, len(order), options.batch_size):
+            chunk = order[start:start + options.batch_size]
+            batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
+            for i, hyps in zip(chunk, self._decode_batch(batch.src, batch.src_key_padding_mask, options)):
+                results[i] = hyps
+        for hyps in results:
+            self.stats.n_hit_max_len += not hyps[0].finished
+            self.stats.n_output_tokens += len(hyps[0].tokens)
+        if self.stats.n_hit_max_len:
+            logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b "
+                           "(%.3g * src_len + %d tokens) before eos", self.stats.n_hit_max_len, len(src_ids),
+                           options.max_len_a, options.max_len_b)
+        return results
+
+    def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig) -> list[list[Hypothesis]]:
+        hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len)
+        return [[h] for h in hyps]
