@@ -36,3 +36,65 @@ def random_tokens(batch: int, length: int, vocab: int, lengths: list[int] | None
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
 def model(request) -> Transformer:
     return tiny_model(norm_first=request.param)
+
+
+# --------------------------------------------------------------------------------------------------
+# A small model trained briefly on real Multi30k data, shared by the end-to-end tests.
+# --------------------------------------------------------------------------------------------------
+
+import gzip  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+N_PAIRS = {"train": 4000, "val": 100, "test_2016_flickr": 100}
+
+SMALL_CONFIG = {
+    "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_encoder_layers": 2, "n_decoder_layers": 2,
+              "dropout": 0.1, "max_positions": 128, "share_all_embeddings": True},
+    "data": {"src_lang": "de", "tgt_lang": "en", "vocab_size": 1000, "max_len": 64,
+             "max_tokens_per_batch": 2048},
+    "training": {"max_steps": 150, "warmup_steps": 50, "lr_scale": 1.0, "log_every_steps": 25,
+                 "eval_every_steps": 75, "seed": 7, "threads": 2, "keep_last_checkpoints": 1},
+    "decoding": {"beam_size": 4, "batch_size": 32, "max_len_b": 10},
+}
+
+
+def write_multi30k_subset(folder: Path) -> Path:
+    """The first N_PAIRS lines of each Multi30k de/en split, as {split}.{lang}.gz in `folder`."""
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in N_PAIRS.items():
+        for lang in ("de", "en"):
+            lines = gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().split("\n")[:n]
+            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    return folder
+
+
+def write_small_config(folder: Path, data_path: Path, **sections) -> Path:
+    raw = yaml.safe_load(yaml.safe_dump(SMALL_CONFIG))
+    raw["data"]["path"] = str(data_path)
+    for section, values in sections.items():
+        raw[section].update(values)
+    path = folder / "small.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_subset(tmp_path_factory) -> Path:
+    return write_multi30k_subset(tmp_path_factory.mktemp("multi30k"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, multi30k_subset) -> Path:
+    """Train the small config for 150 steps through the CLI; returns the run directory."""
+    from transformer.cli import main
+
+    folder = tmp_path_factory.mktemp("run")
+    config = write_small_config(folder, multi30k_subset)
+    run_dir = folder / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run_dir)]) == 0
+    return run_dir

@@ -83,7 +83,8 @@ class TransformerConfig:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
                      "n_encoder_layers", "n_decoder_layers", "max_positions"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"model.{name}", f"must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and value > 0, f"model.{name}",
+                     f"must be a positive integer, got {value!r}")
         _require(self.d_model % self.n_heads == 0, "model.d_model",
                  f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         for name in ("dropout", "attention_dropout"):
@@ -254,8 +255,11 @@ class DecodingConfig:
     """Minimum output length in tokens (eos excluded)."""
     batch_size: int = 64
     """Sentences decoded together."""
+    max_tokens_per_batch: int = 0
+    """If > 0, batches are cut by this many padded source tokens instead (batch_size still caps sentences)."""
 
     def __post_init__(self) -> None:
+        _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")
         _require(self.beam_size > 0, "decoding.beam_size", f"must be a positive integer, got {self.beam_size}")
         _require(0 < self.n_best <= self.beam_size, "decoding.n_best",
                  f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}")

@@ -19,7 +19,7 @@ import torch
 
 from .config import EOS_ID, Config, DecodingConfig, config_from_dict
 from .data import make_batch
-from .decoding import Hypothesis, greedy_decode
+from .decoding import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -55,6 +55,8 @@ class Translator:
         self.tokenizer = tokenizer
         self.config = config
         self.stats = TranslationStats()
+        self.use_cache = True
+        """Decode on the key/value cache (False recomputes every prefix: only for tests and benchmarks)."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu") -> "Translator":
@@ -136,8 +138,7 @@ class Translator:
         """
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
         order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
-        for start in range(0, len(order), options.batch_size):
-            chunk = order[start:start + options.batch_size]
+        for chunk in _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options):
             batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
             for i, hyps in zip(chunk, self._decode_batch(batch.src, batch.src_key_padding_mask, options)):
                 results[i] = hyps
@@ -151,5 +152,23 @@ class Translator:
         return results
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig) -> list[list[Hypothesis]]:
-        hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len)
-        return [[h] for h in hyps]
+        if options.beam_size == 1:
+            hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len,
+                                 use_cache=self.use_cache)
+            return [[h] for h in hyps]
+        return beam_search(self.model, src, mask, options.beam_size, options.length_penalty, options.n_best,
+                           options.max_len_a, options.max_len_b, options.min_len, use_cache=self.use_cache)
+
+
+def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:
+    """Cut `order` (sorted longest first) into batches of at most batch_size sentences and, if
+    max_tokens_per_batch is set, at most that many padded source tokens."""
+    batches: list[list[int]] = [[]]
+    for i in order:
+        batch = batches[-1]
+        too_many_tokens = (options.max_tokens_per_batch and batch
+                           and (len(batch) + 1) * lengths[batch[0]] > options.max_tokens_per_batch)
+        if len(batch) == options.batch_size or too_many_tokens:
+            batches.append([])
+        batches[-1].append(i)
+    return [b for b in batches if b]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
 from ..config import TransformerConfig

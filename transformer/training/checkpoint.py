@@ -64,8 +64,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: refused to load: the file holds pickled Python objects, which "
                               f"could run code (only tensors and plain data are allowed). {str(err)[:200]}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
-                              f"{str(err).splitlines()[0][:200]}") from None
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
     return state

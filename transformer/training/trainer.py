@@ -63,6 +63,11 @@ class TrainState:
     n_skipped_updates: int = 0
     elapsed_s: float = 0.0
     """Training wall time so far, across resumes (seconds)."""
+    window_loss: Any = 0.0
+    """Summed loss, NLL and token counts since the last log line (kept so that a resumed run logs the same)."""
+    window_nll: Any = 0.0
+    window_tokens: int = 0
+    window_src_tokens: int = 0
 
 
 @dataclass
@@ -193,7 +198,8 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: EncodedData, confi
     for indices in epoch_batches(valid, config, epoch=0):
         batch = make_batch([valid.src[i] for i in indices], [valid.tgt[i] for i in indices]).to(device)
         loss, nll = batch_loss(model, batch, config.training.label_smoothing)
-        total_loss, total_nll, n_tokens = total_loss + loss.item(), total_nll + nll.item(), n_tokens + batch.n_tgt_tokens
+        total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
+        n_tokens += batch.n_tgt_tokens
     limit = config.data.valid_max_sentences or len(valid.src)
     translator = Translator(model, tokenizer, config, device)
     greedy = DecodingConfig(**{**config.decoding.__dict__, "beam_size": 1, "n_best": 1})
@@ -215,7 +221,8 @@ def _checkpoint_state(model: Transformer, optimizer: Optional[torch.optim.Optimi
                       config: Config, state: TrainState) -> dict[str, Any]:
     out = {"model": model.state_dict(), "config": config.to_dict(),
            "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
-           "tokenizer": tokenizer.to_dict(), "train_state": asdict(state)}
+           "tokenizer": tokenizer.to_dict(),
+           "train_state": {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in asdict(state).items()}}
     if optimizer is not None:
         out["optimizer"] = optimizer.state_dict()
         out["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -361,7 +368,7 @@ def _loop(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Token
           metrics: MetricsLog, stop: _StopRequest, bar: tqdm, stop_at_step: Optional[int]) -> None:
     t = config.training
     model.train()
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "start": time.perf_counter()}
+    window_start = time.perf_counter()
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
     pin = device.type == "cuda"
     while state.step < t.max_steps and not (t.max_epochs and state.epoch >= t.max_epochs):
@@ -379,20 +386,21 @@ def _loop(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Token
                 _count_nonfinite(state, config, run_dir)
             else:
                 state.nonfinite_in_a_row = 0
-                window["loss"] += result[0]
-                window["nll"] += result[1]
-                window["tokens"] += sum(b.n_tgt_tokens for b in made)
-                window["src_tokens"] += sum(b.n_src_tokens for b in made)
+                state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
+                state.window_nll = state.window_nll + result[1]
+                state.window_tokens += sum(b.n_tgt_tokens for b in made)
+                state.window_src_tokens += sum(b.n_src_tokens for b in made)
             bar.update(1)
-            if state.step % t.log_every_steps == 0 and window["tokens"]:
-                _log_window(window, optimizer, state, metrics, bar)
+            if state.step % t.log_every_steps == 0 and state.window_tokens:
+                _log_window(time.perf_counter() - window_start, optimizer, state, metrics, bar)
+                window_start = time.perf_counter()
             is_last = state.step >= t.max_steps
             if state.step % t.eval_every_steps == 0 or is_last:
                 valid_start = time.perf_counter()
                 if _validate_and_save(model, optimizer, tokenizer, valid_data, config, run_dir, device, state,
                                       metrics):
                     return  # early stopping
-                window["start"] += time.perf_counter() - valid_start  # tokens/s counts training time only
+                window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
             if stop.signal_name or (stop_at_step is not None and state.step >= stop_at_step):
                 save_training_checkpoint(run_dir, model, optimizer, tokenizer, config, state)
                 raise TrainingInterrupted(
@@ -417,20 +425,20 @@ def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
             f"{run_dir / 'checkpoints' / 'last.pt'}. Try a lower training.lr_scale or training.clip_grad_norm: 1.0")
 
 
-def _log_window(window: dict, optimizer: torch.optim.Optimizer, state: TrainState, metrics: MetricsLog,
+def _log_window(elapsed: float, optimizer: torch.optim.Optimizer, state: TrainState, metrics: MetricsLog,
                 bar: tqdm) -> None:
-    elapsed = time.perf_counter() - window["start"]
-    loss = float(window["loss"]) / window["tokens"]
-    nll = float(window["nll"]) / window["tokens"]
+    loss = float(state.window_loss) / state.window_tokens
+    nll = float(state.window_nll) / state.window_tokens
     lr = optimizer.param_groups[0]["lr"]
     record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss, 4),
               "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
-              "tgt_tokens_per_s": round(window["tokens"] / elapsed, 1),
-              "src_tgt_tokens_per_s": round((window["tokens"] + window["src_tokens"]) / elapsed, 1),
+              "tgt_tokens_per_s": round(state.window_tokens / elapsed, 1),
+              "src_tgt_tokens_per_s": round((state.window_tokens + state.window_src_tokens) / elapsed, 1),
               "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
     metrics.write(record)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
-    window.update(loss=0.0, nll=0.0, tokens=0, src_tokens=0, start=time.perf_counter())
+    state.window_loss = state.window_nll = 0.0
+    state.window_tokens = state.window_src_tokens = 0
 
 
 def _validate_and_save(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Tokenizer,

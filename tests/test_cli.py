@@ -1,0 +1,102 @@
+"""End to end through the command line, on a few thousand real Multi30k pairs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import sacrebleu
+
+from tests.conftest import write_small_config
+from transformer.cli import main
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "transformer", *args], input=stdin, capture_output=True,
+                          text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_train_writes_the_run_directory(trained_run):
+    for name in ("config.yaml", "spm.model", "metrics.jsonl", "checkpoints/last.pt", "checkpoints/best.pt",
+                 "checkpoints/step_150.pt"):
+        assert (trained_run / name).exists(), name
+    assert not (trained_run / "checkpoints" / "step_75.pt").exists()  # keep_last_checkpoints: 1
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    valid = [r for r in records if r["type"] == "valid"]
+    assert [r["step"] for r in train] == [25, 50, 75, 100, 125, 150]
+    assert [r["step"] for r in valid] == [75, 150]
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0  # it learns
+    assert valid[-1]["bleu"] > 0 and valid[-1]["ppl"] < valid[0]["ppl"]
+    assert all(r["tgt_tokens_per_s"] > 0 and r["lr"] > 0 for r in train)
+
+
+def test_resume_continues_where_training_stopped(tmp_path, multi30k_subset, trained_run):
+    config = write_small_config(tmp_path, multi30k_subset, training={"max_steps": 20, "eval_every_steps": 10,
+                                                                      "log_every_steps": 5})
+    run_dir = tmp_path / "run"
+    result = run_cli("train", "--config", str(config), "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    result = run_cli("train", "--config", str(config), "--run-dir", str(run_dir), "--resume",
+                     "--set", "training.max_steps=30")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stderr and "at step 20" in result.stderr
+    assert "reusing the sentencepiece model" in result.stderr
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [5, 10, 10, 15, 20, 20, 25, 30, 30]
+
+
+def test_translate_arguments_stdin_and_files(trained_run, tmp_path):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    result = run_cli("translate", "--checkpoint", ckpt, "Ein Mann fährt Fahrrad.", "Zwei Hunde spielen.")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2 and all(result.stdout.splitlines())
+    lines = ["Ein Hund läuft.", "", "   ", "Eine Frau singt.", ""]
+    result = run_cli("translate", "--checkpoint", ckpt, "--beam-size", "1", stdin="\n".join(lines) + "\n")
+    out = result.stdout.split("\n")[:-1]
+    assert len(out) == 5 and out[1] == out[2] == out[4] == "" and out[0] and out[3]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text().split("\n")[:-1][1:3] == ["", ""]
+    result = run_cli("translate", "--checkpoint", ckpt, "--n-best", "3", "--beam-size", "4", "Ein Hund läuft.")
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0"]
+    scores = [float(r[1]) for r in rows]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    out = tmp_path / "eval" / "test.json"
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--split", "test", "--json", str(out),
+                     "--set", f"data.path={multi30k_subset}")
+    assert result.returncode == 0, result.stderr
+    assert "BLEU = " in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
+    record = json.loads(out.read_text())
+    hyps = Path(record["hypotheses"]).read_text().split("\n")[:-1]
+    assert len(hyps) == 100 and record["n_sentences"] == 100
+    assert not any("▁" in h for h in hyps)  # detokenized
+    refs = (multi30k_subset / "test_2016_flickr.en.gz")
+    import gzip
+    ref_lines = gzip.open(refs, "rt").read().split("\n")[:100]
+    assert record["bleu"] == sacrebleu.corpus_bleu(hyps, [ref_lines]).score  # same as sacrebleu's own scoring
+    # --src/--ref files give the same score as --split.
+    src = tmp_path / "src.de"
+    src.write_text(gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read())
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(ref_lines) + "\n")
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(ref))
+    assert f"BLEU = {record['bleu']:.2f}" in result.stdout
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
+    bad = write_small_config(tmp_path, multi30k_subset, training={"warmup_step": 5})
+    result = run_cli("train", "--config", str(bad))
+    assert result.returncode == 2
+    assert "training.warmup_step: unknown key; did you mean training.warmup_steps?" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("train", "--config", str(write_small_config(tmp_path, tmp_path / "nowhere")))
+    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo")
+    assert result.returncode == 2 and "missing.pt: checkpoint not found" in result.stderr

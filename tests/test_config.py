@@ -1,0 +1,89 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transformer.config import ConfigError, config_from_dict, load_config, save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path, raw) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+BASE = {"data": {"path": "somewhere"}, "model": {"d_model": 32, "n_heads": 4}}
+
+
+@pytest.mark.parametrize("name", ["multi30k_de_en.yaml", "multi30k_en_de.yaml"])
+def test_recipes_load(name):
+    config = load_config(ROOT / "configs" / name)
+    assert config.model.src_vocab_size == config.data.vocab_size
+    assert config.training.warmup_steps > 0
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    raw = {**BASE, "training": {"warmup_step": 10}}
+    message = r"c\.yaml: training\.warmup_step: unknown key; did you mean training\.warmup_steps"
+    with pytest.raises(ConfigError, match=message):
+        load_config(_write(tmp_path, raw))
+
+
+def test_unknown_section(tmp_path):
+    with pytest.raises(ConfigError, match="trainig: unknown section; did you mean training"):
+        load_config(_write(tmp_path, {**BASE, "trainig": {}}))
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("training", "max_steps", "many", "expected an integer"),
+    ("training", "max_steps", 0, "must be a positive integer"),
+    ("training", "warmup_steps", 0, "must be a positive integer"),
+    ("training", "label_smoothing", 1.5, r"must be in \[0, 1\)"),
+    ("data", "max_tokens_per_batch", -5, "must be a positive integer"),
+    ("data", "spm_model_type", "wordpiece", "must be 'bpe' or 'unigram'"),
+    ("model", "n_heads", 3, "divisible"),
+    ("model", "norm_first", "yes", "expected true or false"),
+    ("decoding", "beam_size", 0, "must be a positive integer"),
+])
+def test_bad_values_name_the_key(tmp_path, section, key, value, message):
+    raw = yaml.safe_load(yaml.safe_dump(BASE))
+    raw.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=rf"{section}\.{'d_model' if key == 'n_heads' else key}.*{message}"):
+        load_config(_write(tmp_path, raw))
+
+
+def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
+    path = _write(tmp_path, BASE)
+    config = load_config(path, ["training.max_steps=7", "model.norm_first=true", "data.path=/x"])
+    assert config.training.max_steps == 7 and config.model.norm_first is True and config.data.path == "/x"
+    with pytest.raises(ConfigError, match="training.max_step: unknown key"):
+        load_config(path, ["training.max_step=7"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(path, ["max_steps"])
+
+
+def test_full_sharing_needs_joint_vocabulary(tmp_path):
+    raw = {**BASE, "model": {**BASE["model"], "share_all_embeddings": True},
+           "data": {"path": "x", "joint_vocab": False}}
+    with pytest.raises(ConfigError, match="needs one joint vocabulary"):
+        load_config(_write(tmp_path, raw))
+    raw["model"]["share_all_embeddings"] = False  # tying target embedding and output projection stays allowed
+    assert load_config(_write(tmp_path, raw)).model.tie_embeddings
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_saved_config_round_trips(tmp_path):
+    config = load_config(ROOT / "configs" / "multi30k_de_en.yaml")
+    save_config(config, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == config
+    assert config_from_dict(config.to_dict()) == config

@@ -1,0 +1,104 @@
+"""The Translator on a briefly trained Multi30k model: line discipline, batching invariance, hard inputs."""
+
+import gzip
+import logging
+import unicodedata
+
+import pytest
+
+from transformer import Translator
+
+SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "⁇", "▁")
+
+
+@pytest.fixture(scope="module")
+def translator(trained_run):
+    return Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def test_lines(multi30k_subset):
+    return gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")[:30]
+
+
+def test_same_outputs_and_scores_at_every_batch_size(translator, test_lines):
+    runs = [translator.translate_n_best(test_lines, beam_size=5, n_best=1, batch_size=b) for b in (1, 7, 30)]
+    translator.config = translator.config.__class__(**{
+        **translator.config.__dict__,
+        "decoding": translator.config.decoding.__class__(**{**translator.config.decoding.__dict__,
+                                                           "max_tokens_per_batch": 120})})
+    runs.append(translator.translate_n_best(test_lines, beam_size=5, n_best=1, batch_size=30))
+    reference = runs[0]
+    assert len(reference) == 30
+    for other in runs[1:]:
+        assert [h[0][0] for h in other] == [h[0][0] for h in reference]
+        assert [h[0][1] for h in other] == pytest.approx([h[0][1] for h in reference], abs=1e-5)
+
+
+def test_short_and_long_sentence_in_one_batch(translator):
+    long = " ".join(["Ein Mann mit einem roten Hut geht mit seinem Hund"] * 6)  # 60 words
+    for beam_size in (1, 4):
+        together = translator.translate(["1.", long], beam_size=beam_size, max_len_a=2.0)
+        assert together[0] == translator.translate(["1."], beam_size=beam_size, max_len_a=2.0)[0]
+        assert together[1] == translator.translate([long], beam_size=beam_size, max_len_a=2.0)[0]
+        assert together[0].strip()
+
+
+def test_length_cap_with_n_best_falls_back_to_unfinished(translator, caplog):
+    sentence = " ".join(["Eine Frau in einem blauen Kleid sitzt auf einer Bank"] * 3)[:200]  # ~25 words
+    with caplog.at_level(logging.WARNING):
+        hyps = translator.translate_n_best([sentence], beam_size=5, n_best=5, max_len_a=0.0, max_len_b=4)[0]
+    assert len(hyps) == 5 and all(text.strip() for text, _ in hyps)
+    assert "length cap" in caplog.text
+
+
+def test_n_best_sorted_and_first_is_the_one_best(translator, test_lines):
+    n_best = translator.translate_n_best(test_lines[:5], beam_size=5, n_best=5)
+    one_best = translator.translate(test_lines[:5], beam_size=5)
+    for hyps, best in zip(n_best, one_best):
+        scores = [score for _, score in hyps]
+        assert len(hyps) == 5 and scores == sorted(scores, reverse=True)
+        assert hyps[0][0] == best
+
+
+def test_one_word_inputs_are_capped(translator, caplog):
+    with caplog.at_level(logging.WARNING):
+        out = translator.translate_n_best(["nie", "Hallo"], beam_size=4, max_len_a=1.0, max_len_b=3)
+    src_lens = [len(ids) for ids in translator.tokenizer.encode_src(["nie", "Hallo"])]
+    hyps = translator.decode_ids(translator.tokenizer.encode_src(["nie", "Hallo"]),
+                                 translator._options(beam_size=4, max_len_a=1.0, max_len_b=3))
+    for h, n in zip(hyps, src_lens):
+        assert len(h[0].tokens) + h[0].finished <= n + 3
+    assert len(out) == 2
+
+
+def test_greedy_output_has_nothing_after_eos_and_no_special_pieces(translator):
+    long = " ".join(["Zwei Kinder spielen im Sand am Strand neben dem Meer"] * 4)  # 40 words
+    outputs = translator.translate(["Ja.", long], beam_size=1, max_len_a=0.0, max_len_b=200)
+    hyps = translator.decode_ids(translator.tokenizer.encode_src(["Ja.", long]),
+                                 translator._options(beam_size=1, max_len_a=0.0, max_len_b=200))
+    for text, (h,) in zip(outputs, hyps):
+        assert 3 not in h.tokens  # eos ends a hypothesis and is not part of it
+        assert not any(piece in text for piece in SPECIAL)
+
+
+def test_line_discipline_with_empty_and_huge_inputs(translator, caplog):
+    huge = " ".join(["Hund"] * 2000)
+    lines = ["Ein Hund.", "", "   ", huge, "Eine Katze schläft.", "\t"]
+    with caplog.at_level(logging.WARNING):
+        out = translator.translate(lines, beam_size=2)
+    assert len(out) == len(lines)
+    assert out[1] == out[2] == out[5] == ""
+    assert out[0] and out[3] and out[4]
+    assert translator.stats.n_truncated == 1 and "truncated" in caplog.text
+
+
+def test_unicode_inputs(translator):
+    word = "Zoë café"
+    nfc, nfd = unicodedata.normalize("NFC", word), unicodedata.normalize("NFD", word)
+    assert nfc != nfd
+    lines = ["a︰b", nfc, nfd, "Ｅｉｎ Ｈｕｎｄ", "Ein Hund 🐕 läuft."]
+    out = translator.translate(lines, beam_size=1)
+    assert len(out) == len(lines)
+    assert out[1] == out[2]  # NFC and NFD spellings translate identically
+    assert not any("⁇" in o or "<unk>" in o for o in out)

@@ -1,0 +1,69 @@
+import os
+import pickle
+
+import pytest
+import torch
+
+from transformer.training import checkpoint as ckpt
+from transformer.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+STATE = {"model": {"w": torch.ones(3)}, "config": {"model": {}}, "step": 5}
+
+
+def test_round_trip_and_no_temp_files_left(tmp_path):
+    path = tmp_path / "c" / "last.pt"
+    save_checkpoint(STATE, path)
+    loaded = load_checkpoint(path)
+    assert loaded["step"] == 5 and torch.equal(loaded["model"]["w"], torch.ones(3))
+    assert os.listdir(path.parent) == ["last.pt"]
+
+
+def test_a_save_killed_midway_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint(STATE, path)
+
+    def dying_save(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # the process is interrupted in the middle of writing
+
+    monkeypatch.setattr(ckpt.torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint({**STATE, "step": 6}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 5
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_truncated_checkpoint_is_one_clear_error(tmp_path):
+    path = tmp_path / "best.pt"
+    save_checkpoint(STATE, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"best\.pt: not a readable checkpoint"):
+        load_checkpoint(path)
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"best\.pt"):
+        load_checkpoint(path)
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("this would run on load",))
+
+
+def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({**STATE, "extra": Payload()}, path)
+    with pytest.raises(CheckpointError, match=r"evil\.pt: refused to load: the file holds pickled Python objects"):
+        load_checkpoint(path)
+    path.write_bytes(pickle.dumps({"model": 1, "config": 2}))  # a plain pickle, not a torch zip file
+    with pytest.raises(CheckpointError, match=r"evil\.pt"):
+        load_checkpoint(path)
+
+
+def test_missing_and_foreign_files(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+    torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
+        load_checkpoint(tmp_path / "other.pt")

@@ -1,0 +1,222 @@
+"""Batched beam search on the key/value cache (Vaswani et al. 2017, §6.1: beam 4, length penalty α = 0.6).
+
+All sentences of a batch are searched together as `batch x beam_size` rows. One step:
+
+1. expand: every live hypothesis gets the log-probabilities of every next token;
+2. select: per sentence, the 2·beam_size best (hypothesis, token) candidates by total log-probability;
+3. finish: candidates among the best beam_size that end in eos become finished hypotheses (never extended);
+   the best beam_size candidates that do not end in eos are the next live hypotheses;
+4. a sentence is done once it has beam_size finished hypotheses, or when its length cap is reached (its
+   live hypotheses are then kept as unfinished fall-backs); done sentences leave the batch;
+5. the n_best finished hypotheses by score are returned, topped up with the best unfinished ones.
+
+Score (reported and compared): the sum of the token log-probabilities (eos included when finished),
+divided by the GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14), where |Y| counts
+the generated tokens, eos included. α = 0 gives the plain sum. Length cap: `greedy.max_output_lengths`,
+counted in decoding steps (eos included), the same as greedy decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..config import BOS_ID, EOS_ID, PAD_ID
+from ..model import DecoderCache, Transformer
+from .greedy import Hypothesis, max_output_lengths
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6)^α; 1.0 when α = 0."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@dataclass
+class _Sentence:
+    """Search state of one input sentence."""
+
+    max_len: int
+    finished: list[Hypothesis] = field(default_factory=list)
+    unfinished: list[Hypothesis] = field(default_factory=list)
+    is_done: bool = False
+
+
+@dataclass
+class BeamSearchState:
+    """Live hypotheses of the sentences still being searched.
+
+    Attributes:
+        alive: input positions of those sentences, `n_alive` of them.
+        scores: `(n_alive, beam_size)` total log-probability of each live hypothesis.
+        prefixes: `(n_alive * beam_size, step + 1)` token ids, bos first.
+        memory: `(n_alive * beam_size, src_len, d_model)`; mask: `(n_alive * beam_size, src_len)`.
+        cache: the decoder's `DecoderCache` (None when decoding without a cache).
+    """
+
+    alive: list[int]
+    scores: Tensor
+    prefixes: Tensor
+    memory: Tensor
+    mask: Tensor
+    cache: DecoderCache | None
+
+
+def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, beam_size: int,
+               use_cache: bool) -> BeamSearchState:
+    """Encode once, repeat the memory for every beam, and start each sentence with one live hypothesis."""
+    n = src.size(0)
+    memory = model.encode(src, src_key_padding_mask).repeat_interleave(beam_size, dim=0)
+    mask = src_key_padding_mask.repeat_interleave(beam_size, dim=0)  # (n * beam_size, src_len)
+    scores = torch.full((n, beam_size), float("-inf"), device=src.device)
+    scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
+    prefixes = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
+    return BeamSearchState(list(range(n)), scores, prefixes, memory, mask,
+                           model.new_cache() if use_cache else None)
+
+
+def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> Tensor:
+    """Total log-probabilities of every one-token extension of every live hypothesis.
+
+    Returns:
+        `(n_alive, beam_size, tgt_vocab_size)`; pad and bos are never produced, eos not before min_len.
+    """
+    tokens = state.prefixes[:, -1:] if state.cache is not None else state.prefixes
+    logits = model.decode(tokens, state.memory, state.mask, cache=state.cache)[:, -1]
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n_alive * beam_size, vocab)
+    lprobs[:, PAD_ID] = float("-inf")
+    lprobs[:, BOS_ID] = float("-inf")
+    if step < min_len:
+        lprobs[:, EOS_ID] = float("-inf")
+    n_alive, beam_size = state.scores.shape
+    return state.scores[:, :, None] + lprobs.view(n_alive, beam_size, -1)
+
+
+def select_top_k(candidates: Tensor, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2·beam_size best candidates of each sentence (enough to keep beam_size that do not end in eos).
+
+    Args:
+        candidates: `(n_alive, beam_size, vocab)` total log-probabilities.
+
+    Returns:
+        scores, source beams and tokens, each `(n_alive, 2 * beam_size)`, best first.
+    """
+    vocab = candidates.size(-1)
+    top_scores, top_index = candidates.view(candidates.size(0), -1).topk(min(2 * beam_size, vocab * beam_size), dim=1)
+    return top_scores, top_index // vocab, top_index % vocab
+
+
+def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_scores: Tensor, top_beams: Tensor,
+                      top_tokens: Tensor, step: int, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Move eos candidates into the finished lists, pick the next live beams, and mark sentences done.
+
+    Returns:
+        next_scores, next_rows and next_tokens, each `(n_alive, beam_size)`: for each next live hypothesis,
+        its score, the row of `state.prefixes` it extends, and the token it adds.
+    """
+    n_alive, beam_size = state.scores.shape
+    is_eos = top_tokens.eq(EOS_ID) | top_scores.isneginf()
+    # The first beam_size candidates that do not end in eos (stable order: best first).
+    rank = is_eos.long() * top_tokens.size(1) + torch.arange(top_tokens.size(1), device=top_tokens.device)
+    keep = rank.argsort(dim=1)[:, :beam_size]
+    next_scores, next_beams = top_scores.gather(1, keep), top_beams.gather(1, keep)
+    next_tokens = top_tokens.gather(1, keep)
+    base = torch.arange(n_alive, device=top_beams.device)[:, None] * beam_size
+    next_rows = base + next_beams  # (n_alive, beam_size)
+    eos_hits = (top_tokens[:, :beam_size].eq(EOS_ID) & top_scores[:, :beam_size].isfinite()).nonzero().tolist()
+    if eos_hits:
+        scores_list, beams_list = top_scores.tolist(), top_beams.tolist()
+        for i, j in eos_hits:
+            sentence = sentences[state.alive[i]]
+            tokens = state.prefixes[i * beam_size + beams_list[i][j], 1:].tolist()
+            raw = scores_list[i][j]
+            sentence.finished.append(Hypothesis(tokens, raw / gnmt_length_penalty(step + 1, alpha), True))
+    for i, index in enumerate(state.alive):
+        sentence = sentences[index]
+        if len(sentence.finished) >= beam_size:
+            sentence.is_done = True
+        elif step + 1 >= sentence.max_len:  # length cap: keep the live hypotheses as fall-backs
+            rows, scores, tokens = next_rows[i].tolist(), next_scores[i].tolist(), next_tokens[i].tolist()
+            for row, raw, token in zip(rows, scores, tokens):
+                if raw != float("-inf"):
+                    seq = state.prefixes[row, 1:].tolist() + [token]
+                    sentence.unfinished.append(Hypothesis(seq, raw / gnmt_length_penalty(step + 1, alpha), False))
+            sentence.is_done = True
+    return next_scores, next_rows, next_tokens
+
+
+def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Tensor, next_rows: Tensor,
+            next_tokens: Tensor) -> BeamSearchState:
+    """Reorder prefixes and cache to the next live hypotheses, and drop the sentences that are done."""
+    beam_size = next_scores.size(1)
+    rows = next_rows.view(-1)
+    prefixes = torch.cat([state.prefixes.index_select(0, rows), next_tokens.view(-1, 1)], dim=1)
+    if state.cache is not None:
+        # Beams move only within their sentence, whose memory is shared: cross-attention caches stay.
+        state.cache.select(rows, include_cross=False)
+    keep = [i for i, index in enumerate(state.alive) if not sentences[index].is_done]
+    state = BeamSearchState(state.alive, next_scores, prefixes, state.memory, state.mask, state.cache)
+    if len(keep) < len(state.alive):
+        keep_t = torch.tensor(keep, dtype=torch.long, device=prefixes.device)
+        row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=prefixes.device)).view(-1)
+        if state.cache is not None:
+            state.cache.select(row_index)
+        state = BeamSearchState([state.alive[i] for i in keep], next_scores.index_select(0, keep_t),
+                                prefixes.index_select(0, row_index), state.memory.index_select(0, row_index),
+                                state.mask.index_select(0, row_index), state.cache)
+    return state
+
+
+def pick_n_best(sentence: _Sentence, n_best: int) -> list[Hypothesis]:
+    """The n_best finished hypotheses by score, topped up with the best unfinished ones."""
+    finished = sorted(sentence.finished, key=lambda h: -h.score)[:n_best]
+    if len(finished) < n_best:
+        seen = {tuple(h.tokens) for h in finished}
+        for h in sorted(sentence.unfinished, key=lambda h: -h.score):
+            if len(finished) == n_best:
+                break
+            if tuple(h.tokens) not in seen:
+                finished.append(h)
+                seen.add(tuple(h.tokens))
+    return finished
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, beam_size: int = 4,
+                length_penalty: float = 0.6, n_best: int = 1, max_len_a: float = 1.5, max_len_b: int = 10,
+                min_len: int = 0, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Beam search for a batch of sentences.
+
+    Args:
+        model: the Transformer, in eval mode.
+        src: `(batch, src_len)` LongTensor padded with pad_id.
+        src_key_padding_mask: `(batch, src_len)` bool, True at padding.
+        beam_size: live hypotheses per sentence.
+        length_penalty: α of the GNMT length penalty (0 disables it).
+        n_best: hypotheses returned per sentence (<= beam_size).
+        max_len_a, max_len_b: length cap in decoding steps, max_len_a * src_len + max_len_b.
+        min_len: eos is not allowed before this many tokens.
+        use_cache: decode one position per step on the key/value cache (True) or recompute the whole
+            prefix at every step (False; for tests and benchmarks).
+
+    Returns:
+        Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
+        cap, only when fewer than n_best hypotheses finished).
+
+    Raises:
+        ValueError: if n_best > beam_size or beam_size < 1.
+    """
+    if beam_size < 1 or not 1 <= n_best <= beam_size:
+        raise ValueError(f"need 1 <= n_best ({n_best}) <= beam_size ({beam_size})")
+    max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
+    sentences = [_Sentence(m) for m in max_lengths]
+    state = initialise(model, src, src_key_padding_mask, beam_size, use_cache)
+    for step in range(max(max_lengths)):
+        candidates = expand(model, state, step, min_len)
+        top = select_top_k(candidates, beam_size)
+        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty)
+        state = advance(state, sentences, next_scores, next_rows, next_tokens)
+        if not state.alive:
+            break
+    return [pick_n_best(s, n_best) for s in sentences]
