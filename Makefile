@@ -13,6 +13,7 @@ PYTEST_ARGS ?=
 DATA_SET := $(if $(DATA_DIR),data.path=$(DATA_DIR),)
 SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
+EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
 .PHONY: install test lint train evaluate bench-decode bench-train clean
 
@@ -34,12 +35,14 @@ lint: install
 
 train: install
 	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS)
-	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test \
-		--json $(RUN_DIR)/eval_test.json $(SET_FLAGS)
+	$(MAKE) --no-print-directory evaluate
 
+# Scores best.pt on the test split, greedy and with the config's beam search (beam 4, α 0.6).
 evaluate: install
+	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test --beam-size 1 \
+		--json $(RUN_DIR)/eval_test_greedy.json $(EVAL_SET_FLAGS)
 	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test \
-		--json $(RUN_DIR)/eval_test.json $(SET_FLAGS)
+		--json $(RUN_DIR)/eval_test_beam.json $(EVAL_SET_FLAGS)
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt
