@@ -100,3 +100,36 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo")
     assert result.returncode == 2 and "missing.pt: checkpoint not found" in result.stderr
+
+
+def test_unreachable_vocabulary_size_names_the_largest_that_works(tmp_path):
+    import gzip
+
+    data = tmp_path / "tiny"
+    data.mkdir()
+    for lang, words in (("de", "ein Hund läuft schnell"), ("en", "a dog runs fast")):
+        for split in ("train", "val"):
+            lines = [f"{words} {i}" for i in range(50)]
+            (data / f"{split}.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    config = write_small_config(tmp_path, data, data={"vocab_size": 8000})
+    result = run_cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "data.vocab_size=8000" in result.stderr and "the largest size that works on this data is" in result.stderr
+
+
+def test_hf_dataset_direction_is_logged(tmp_path):
+    rows = [{"translation": {"en": f"the house number {i}", "ro": f"casa numarul {i}"}} for i in range(300)]
+    for split in ("train", "val"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_small_config(tmp_path, tmp_path / "no-such-folder", data={
+        "hf_dataset": "json", "src_lang": "en", "tgt_lang": "ro", "vocab_size": 100,
+        "data_files": {"train": str(tmp_path / "train.jsonl"), "val": str(tmp_path / "val.jsonl")}},
+        training={"max_steps": 2, "eval_every_steps": 2})
+    result = run_cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "example pair  en: the house number 0  ->  ro: casa numarul 0" in result.stderr
+    bad = write_small_config(tmp_path, tmp_path / "no-such-folder", data={
+        "hf_dataset": "json", "src_lang": "en", "tgt_lang": "de",
+        "data_files": {"train": str(tmp_path / "train.jsonl"), "val": str(tmp_path / "val.jsonl")}})
+    result = run_cli("train", "--config", str(bad), "--run-dir", str(tmp_path / "run2"))
+    assert result.returncode == 2 and "translation column has languages en, ro, not de" in result.stderr

@@ -1,4 +1,4 @@
-"""The `transformer` command: train, translate, evaluate.
+"""The `transformer` command: train, translate, evaluate, attention.
 
 Each subcommand parses its arguments, calls one function, and maps user mistakes (bad config, bad data,
 bad checkpoint) to one line on stderr and exit status 2, with no traceback.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -66,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
     _add_decoding_flags(evaluate)
+
+    attention = sub.add_parser("attention", help="translate a sentence and plot (or dump) its attention weights")
+    attention.add_argument("--checkpoint", required=True)
+    attention.add_argument("sentence", help="the source sentence")
+    attention.add_argument("--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json")
+    attention.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
+    attention.add_argument("--head", type=int, help="one head only (default: every head plus their mean)")
+    attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"])
+    attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
+    attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
+    attention.add_argument("--device", default="cpu")
     return parser
 
 
@@ -75,6 +87,7 @@ def _decoding_kwargs(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .training.distributed import shutdown_distributed
     from .training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
     config = load_config(args.config, args.set)
@@ -87,6 +100,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        shutdown_distributed()
+    if os.environ.get("RANK", "0") != "0":
+        return 0
     print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
           f"checkpoints in {run_dir / 'checkpoints'}")
     return 0
@@ -170,11 +187,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attention(args: argparse.Namespace) -> int:
+    from .attention_plot import run
+
+    out = run(args.checkpoint, args.sentence, args.out, layer=args.layer, head=args.head, kind=args.kind,
+              fmt=args.format, beam_size=args.beam_size, device=args.device)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.DEBUG if args.verbose else (logging.INFO if args.command == "train" else logging.WARNING)
+    is_other_rank = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
+    level = logging.DEBUG if args.verbose else (
+        logging.INFO if args.command == "train" and not is_other_rank else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    commands = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate}
+    commands = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
+                "attention": cmd_attention}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:

@@ -217,7 +217,10 @@ class TrainingConfig:
     max_nonfinite_steps: int = 10
     """Stop after this many updates in a row with a non-finite loss or gradient."""
     precision: str = "fp32"
-    """Forward/backward precision: "fp32", or "bf16" through torch.autocast (weights and optimizer stay fp32)."""
+    """Forward/backward precision through torch.autocast: "fp32", "bf16" (CPU and CUDA) or "fp16" (CUDA only,
+    with a gradient scaler). Weights and optimizer state stay fp32."""
+    compile: bool = False
+    """Wrap the training module with torch.compile."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "warmup_steps", "accumulate_steps", "log_every_steps", "eval_every_steps",
@@ -233,8 +236,8 @@ class TrainingConfig:
         _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "training.adam_betas", "both must be in [0, 1)")
         _require(self.adam_eps > 0, "training.adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "training.weight_decay", "must be >= 0")
-        _require(self.precision in ("fp32", "bf16"), "training.precision",
-                 f"must be fp32 or bf16, got {self.precision!r}")
+        _require(self.precision in ("fp32", "bf16", "fp16"), "training.precision",
+                 f"must be fp32, bf16 or fp16, got {self.precision!r}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",
                  f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 

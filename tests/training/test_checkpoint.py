@@ -67,3 +67,32 @@ def test_missing_and_foreign_files(tmp_path):
     torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+def _retag_as_cuda(path):
+    """Rewrite a CPU checkpoint so that its tensors claim to live on cuda:0, as if saved on a GPU."""
+    import zipfile
+
+    entries = {}
+    with zipfile.ZipFile(path) as z:
+        for name in z.namelist():
+            entries[name] = z.read(name)
+    pkl = next(n for n in entries if n.endswith("data.pkl"))
+    old, new = b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0"
+    assert old in entries[pkl]
+    entries[pkl] = entries[pkl].replace(old, new)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+
+
+def test_checkpoint_saved_on_cuda_loads_on_cpu(tmp_path):
+    path = tmp_path / "gpu.pt"
+    save_checkpoint(STATE, path)
+    _retag_as_cuda(path)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=True)  # what a loader without map_location would hit
+    loaded = load_checkpoint(path, map_location="cpu")
+    assert loaded["model"]["w"].device.type == "cpu"
+    assert torch.equal(loaded["model"]["w"], torch.ones(3))

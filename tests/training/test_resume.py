@@ -77,9 +77,9 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeyp
     real_loss = trainer.batch_loss
     calls = {"n": 0}
 
-    def sometimes_nan(model, batch, label_smoothing):
+    def sometimes_nan(module, batch):
         calls["n"] += 1
-        loss, nll = real_loss(model, batch, label_smoothing)
+        loss, nll = real_loss(module, batch)
         return (loss * float("nan"), nll) if calls["n"] in (3, 4) or calls["n"] >= 12 else (loss, nll)
 
     monkeypatch.setattr(trainer, "batch_loss", sometimes_nan)

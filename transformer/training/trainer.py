@@ -12,6 +12,7 @@ The run directory holds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..config import PAD_ID, Config, ConfigError, DecodingConfig, save_config
@@ -33,6 +36,7 @@ from ..model import Transformer
 from ..tokenizer import Tokenizer, train_tokenizer
 from ..translate import Translator
 from .checkpoint import load_checkpoint, save_checkpoint
+from .distributed import Distributed, init_distributed
 from .loss import label_smoothed_cross_entropy
 from .optim import build_optimizer, inverse_sqrt_lr, set_lr
 
@@ -141,41 +145,87 @@ def epoch_batches(data: EncodedData, config: Config, epoch: int) -> list[list[in
 # --------------------------------------------------------------------------------------------------
 
 
-def batch_loss(model: Transformer, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed loss and NLL of a batch; logits are computed only at non-pad targets."""
-    memory = model.encode(batch.src, batch.src_key_padding_mask)
-    hidden = model.decoder(batch.tgt_in, memory, batch.src_key_padding_mask)  # (batch, tgt_len, d_model)
-    keep = batch.tgt_out.ne(PAD_ID)
-    logits = model.output_projection(hidden[keep])  # (n_tgt_tokens, tgt_vocab_size)
-    return label_smoothed_cross_entropy(logits, batch.tgt_out[keep], label_smoothing, PAD_ID)
+class LossComputation(nn.Module):
+    """The Transformer and its training loss as one module: what DistributedDataParallel and torch.compile wrap.
+
+    Logits are computed at every target position and the loss masks padding (selecting the real positions
+    first saves about as much as the selection costs, and needs a device sync on CUDA).
+
+    Args:
+        model: the Transformer.
+        label_smoothing: ε_ls.
+    """
+
+    def __init__(self, model: Transformer, label_smoothing: float) -> None:
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor, tgt_in: torch.Tensor,
+                tgt_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args: src, src_key_padding_mask `(batch, src_len)`; tgt_in, tgt_out `(batch, tgt_len)`.
+
+        Returns:
+            Summed label-smoothed loss and summed NLL over the non-pad targets (scalars).
+        """
+        logits = self.model(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, tgt_vocab_size)
+        return label_smoothed_cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), self.label_smoothing, PAD_ID)
 
 
-def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batches: list[Batch],
-               config: Config) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def batch_loss(module: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed loss and NLL of one batch through a `LossComputation` (or its DDP/compiled wrapper)."""
+    return module(batch.src, batch.src_key_padding_mask, batch.tgt_in, batch.tgt_out)
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], config: Config,
+               n_tokens: Optional[int] = None, world_size: int = 1,
+               scaler: Optional[torch.amp.GradScaler] = None) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """Forward/backward over `batches` (gradient accumulation), clip, and update.
 
-    The loss is normalised by the number of target tokens of all the batches together.
+    Args:
+        module: a `LossComputation`, possibly wrapped by DistributedDataParallel (gradients are all-reduced
+            only on the last batch) and/or torch.compile.
+        batches: this process's batches for this update.
+        n_tokens: target tokens of the whole update over all processes (default: those of `batches`); the
+            loss is normalised by it.
+        world_size: number of processes (DDP averages gradients over them; the loss is scaled to undo that).
+        scaler: a GradScaler for fp16.
 
     Returns:
-        (summed loss, summed nll) as tensors, or None if the loss or gradient was not finite (the update
-        is skipped).
+        (summed loss, summed nll) of this process's batches as tensors, or None if the gradient was not
+        finite (the update is skipped; the same decision on every process, as gradients are all-reduced).
     """
     optimizer.zero_grad(set_to_none=True)
-    n_tokens = sum(b.n_tgt_tokens for b in batches)
+    n_tokens = n_tokens or sum(b.n_tgt_tokens for b in batches)
     total_loss = total_nll = 0.0
     device_type = batches[0].src.device.type
-    use_bf16 = config.training.precision == "bf16"
-    for batch in batches:
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss, nll = batch_loss(model, batch, config.training.label_smoothing)
-        (loss / n_tokens).backward()
+    dtype = _AUTOCAST_DTYPES.get(config.training.precision)
+    is_ddp = isinstance(module, DistributedDataParallel)
+    for i, batch in enumerate(batches):
+        skip_sync = is_ddp and i < len(batches) - 1  # no all-reduce on the accumulation steps
+        with module.no_sync() if skip_sync else contextlib.nullcontext():
+            with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss, nll = batch_loss(module, batch)
+            scaled = loss * (world_size / n_tokens)
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
         total_loss, total_nll = total_loss + loss.detach(), total_nll + nll.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     max_norm = config.training.clip_grad_norm or float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
-    if not (torch.isfinite(grad_norm) and torch.isfinite(total_loss)):
+    grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, foreach=True)
+    if not torch.isfinite(grad_norm):
+        if scaler is not None:
+            scaler.update()  # lowers the loss scale
         optimizer.zero_grad(set_to_none=True)
         return None
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     return total_loss, total_nll
 
 
@@ -196,8 +246,8 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: EncodedData, confi
     total_loss = total_nll = 0.0
     n_tokens = 0
     for indices in epoch_batches(valid, config, epoch=0):
-        batch = make_batch([valid.src[i] for i in indices], [valid.tgt[i] for i in indices]).to(device)
-        loss, nll = batch_loss(model, batch, config.training.label_smoothing)
+        batch = make_batch([valid.src[i] for i in indices], [valid.tgt[i] for i in indices], indices).to(device)
+        loss, nll = batch_loss(LossComputation(model, config.training.label_smoothing), batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
     limit = config.data.valid_max_sentences or len(valid.src)
@@ -248,7 +298,7 @@ def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch
 
 
 def _restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, config: Config,
-             device: torch.device) -> TrainState:
+             device: torch.device, dist: Distributed) -> TrainState:
     path = run_dir / "checkpoints" / "last.pt"
     saved = load_checkpoint(path, map_location=device)
     if saved["config"]["model"] != config.to_dict()["model"]:
@@ -257,10 +307,14 @@ def _restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     state = TrainState(**saved["train_state"])
-    torch.set_rng_state(saved["rng"]["torch"].cpu())
-    random.setstate(_as_tuple(saved["rng"]["python"]))
-    if saved["rng"]["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in saved["rng"]["cuda"]])
+    if dist.is_distributed:  # one saved RNG state, several processes: derive one stream per process
+        torch.manual_seed(config.training.seed + 1_000_003 * state.step + dist.rank)
+        random.seed(config.training.seed + 1_000_003 * state.step + dist.rank)
+    else:
+        torch.set_rng_state(saved["rng"]["torch"].cpu())
+        random.setstate(_as_tuple(saved["rng"]["python"]))
+        if saved["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in saved["rng"]["cuda"]])
     logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch,
                 state.batch_in_epoch)
     return state
@@ -315,23 +369,53 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
-def _setup(config: Config) -> torch.device:
-    random.seed(config.training.seed)
-    torch.manual_seed(config.training.seed)
+def _setup(config: Config, dist: Distributed) -> torch.device:
+    random.seed(config.training.seed + dist.rank)
+    torch.manual_seed(config.training.seed + dist.rank)  # dropout differs per process; DDP syncs the weights
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
-    return resolve_device(config.training.device)
+    device = resolve_device(config.training.device)
+    if device.type == "cuda" and dist.is_distributed:
+        device = torch.device("cuda", dist.local_rank)
+    if config.training.precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"training.precision: fp16 needs a CUDA device (this run is on {device}); "
+                          "use bf16 or fp32")
+    return device
+
+
+@dataclass
+class TrainingRun:
+    """Everything the loop works with (built once by `train`)."""
+
+    model: Transformer
+    """The bare model: validated, checkpointed."""
+    module: nn.Module
+    """What the update runs: `LossComputation(model)`, wrapped by DDP and/or torch.compile when asked."""
+    optimizer: torch.optim.Optimizer
+    scaler: Optional[torch.amp.GradScaler]
+    tokenizer: Tokenizer
+    train_data: EncodedData
+    valid_data: EncodedData
+    config: Config
+    run_dir: Path
+    device: torch.device
+    dist: Distributed
+    metrics: Optional["MetricsLog"]
+    """None on every process but rank 0."""
 
 
 def train(config: Config, run_dir: str | Path, resume: bool = False,
           stop_at_step: Optional[int] = None) -> TrainState:
     """Train a Transformer as the config says, writing everything into run_dir.
 
+    Under torchrun (WORLD_SIZE > 1) every process runs this; they split each update's batches, DDP averages
+    the gradients, and only rank 0 validates, writes checkpoints, metrics and the progress bar.
+
     Args:
         config: the validated config.
         run_dir: the run directory (created if needed).
         resume: continue from `run_dir/checkpoints/last.pt` with the same schedule, optimizer moments,
-            batch order position and RNG state.
+            batch order position and RNG state (any number of processes).
         stop_at_step: stop (with a checkpoint, as on SIGINT) after this update; for tests of resuming.
 
     Returns:
@@ -344,46 +428,72 @@ def train(config: Config, run_dir: str | Path, resume: bool = False,
         NonFiniteLossError: after `max_nonfinite_steps` non-finite updates in a row.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if resume and not (run_dir / "checkpoints" / "last.pt").exists():
         raise ConfigError(f"--resume: no checkpoint {run_dir / 'checkpoints' / 'last.pt'} to resume from")
-    device = _setup(config)
-    tokenizer, train_data, valid_data = prepare_data(config, run_dir)
-    save_config(config, run_dir / "config.yaml")
+    dist = init_distributed()
+    device = _setup(config, dist)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer, train_data, valid_data = prepare_data(config, run_dir)  # trains the tokenizer once
+        save_config(config, run_dir / "config.yaml")
+    dist.broadcast(None)  # the other processes wait for the tokenizer, then load it
+    if not dist.is_main:
+        tokenizer, train_data, valid_data = prepare_data(config, run_dir)
     model = Transformer(config.model).to(device)
     optimizer = build_optimizer(model, config.training, device)
-    state = _restore(run_dir, model, optimizer, config, device) if resume else TrainState()
-    logger.info("model: %d parameters; device %s; %d training pairs", model.num_parameters(), device,
-                len(train_data.src))
-    metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None)
+    state = _restore(run_dir, model, optimizer, config, device, dist) if resume else TrainState()
+    module: nn.Module = LossComputation(model, config.training.label_smoothing)
+    if dist.is_distributed:
+        module = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.training.compile:
+        module = torch.compile(module)
+    scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
+    logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
+                device, dist.world_size, len(train_data.src))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None) if dist.is_main else None
+    run = TrainingRun(model, module, optimizer, scaler, tokenizer, train_data, valid_data, config, run_dir, device,
+                      dist, metrics)
     with _StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
-                                      dynamic_ncols=True, mininterval=1.0) as bar:
-        _loop(model, optimizer, tokenizer, train_data, valid_data, config, run_dir, device, state, metrics,
-              stop, bar, stop_at_step)
+                                      dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main) as bar:
+        _loop(run, state, stop, bar, stop_at_step)
     return state
 
 
-def _loop(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Tokenizer, train_data: EncodedData,
-          valid_data: EncodedData, config: Config, run_dir: Path, device: torch.device, state: TrainState,
-          metrics: MetricsLog, stop: _StopRequest, bar: tqdm, stop_at_step: Optional[int]) -> None:
-    t = config.training
-    model.train()
+def _next_update(run: TrainingRun, batches: list[list[int]], state: TrainState) -> Optional[list[list[int]]]:
+    """The batches of the next update over all processes, or None when the epoch's rest cannot give every
+    process a batch (that short tail is skipped)."""
+    size = run.config.training.accumulate_steps * run.dist.world_size
+    group = batches[state.batch_in_epoch:state.batch_in_epoch + size]
+    if len(group) < run.dist.world_size:
+        state.batch_in_epoch = len(batches)
+        return None
+    state.batch_in_epoch += len(group)
+    return group
+
+
+def _loop(run: TrainingRun, state: TrainState, stop: _StopRequest, bar: tqdm, stop_at_step: Optional[int]) -> None:
+    t, data, dist = run.config.training, run.train_data, run.dist
+    run.module.train()
     window_start = time.perf_counter()
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
-    pin = device.type == "cuda"
+    pin = run.device.type == "cuda"
     while state.step < t.max_steps and not (t.max_epochs and state.epoch >= t.max_epochs):
-        batches = epoch_batches(train_data, config, state.epoch)
+        batches = epoch_batches(data, run.config, state.epoch)
         while state.batch_in_epoch < len(batches) and state.step < t.max_steps:
-            group = batches[state.batch_in_epoch:state.batch_in_epoch + t.accumulate_steps]
-            state.batch_in_epoch += len(group)
-            made = [make_batch([train_data.src[i] for i in g], [train_data.tgt[i] for i in g], g) for g in group]
-            made = [(b.pin_memory() if pin else b).to(device) for b in made]
-            set_lr(optimizer, inverse_sqrt_lr(state.step + 1, config.model.d_model, t.warmup_steps, t.lr_scale))
-            result = train_step(model, optimizer, made, config)
+            group = _next_update(run, batches, state)
+            if group is None:
+                break
+            n_tokens = sum(len(data.tgt[i]) + 1 for g in group for i in g)  # over all processes
+            mine = group[dist.rank::dist.world_size]  # this process's share
+            made = [make_batch([data.src[i] for i in g], [data.tgt[i] for i in g], g) for g in mine]
+            made = [(b.pin_memory() if pin else b).to(run.device) for b in made]
+            set_lr(run.optimizer, inverse_sqrt_lr(state.step + 1, run.config.model.d_model, t.warmup_steps,
+                                                  t.lr_scale))
+            result = train_step(run.module, run.optimizer, made, run.config, n_tokens, dist.world_size, run.scaler)
             state.step += 1
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
             if result is None:
-                _count_nonfinite(state, config, run_dir)
+                _count_nonfinite(state, run.config, run.run_dir)
             else:
                 state.nonfinite_in_a_row = 0
                 state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
@@ -391,26 +501,26 @@ def _loop(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Token
                 state.window_tokens += sum(b.n_tgt_tokens for b in made)
                 state.window_src_tokens += sum(b.n_src_tokens for b in made)
             bar.update(1)
-            if state.step % t.log_every_steps == 0 and state.window_tokens:
-                _log_window(time.perf_counter() - window_start, optimizer, state, metrics, bar)
+            if state.step % t.log_every_steps == 0:
+                _log_window(run, time.perf_counter() - window_start, state, bar)
                 window_start = time.perf_counter()
-            is_last = state.step >= t.max_steps
-            if state.step % t.eval_every_steps == 0 or is_last:
+            if state.step % t.eval_every_steps == 0 or state.step >= t.max_steps:
                 valid_start = time.perf_counter()
-                if _validate_and_save(model, optimizer, tokenizer, valid_data, config, run_dir, device, state,
-                                      metrics):
+                if _validate_and_save(run, state):
                     return  # early stopping
                 window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
-            if stop.signal_name or (stop_at_step is not None and state.step >= stop_at_step):
-                save_training_checkpoint(run_dir, model, optimizer, tokenizer, config, state)
+            requested = stop.signal_name or (stop_at_step is not None and state.step >= stop_at_step)
+            if dist.any(bool(requested), run.device) if dist.is_distributed else requested:
+                if dist.is_main:
+                    save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state)
                 raise TrainingInterrupted(
-                    f"{stop.signal_name or 'stop_at_step'}: stopped at step {state.step}; saved "
-                    f"{run_dir / 'checkpoints' / 'last.pt'}. Resume with the same command plus --resume")
+                    f"{stop.signal_name or 'stop requested'}: stopped at step {state.step}; saved "
+                    f"{run.run_dir / 'checkpoints' / 'last.pt'}. Resume with the same command plus --resume")
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
     if state.step % t.eval_every_steps and state.step < t.max_steps:  # stopped by max_epochs
-        _validate_and_save(model, optimizer, tokenizer, valid_data, config, run_dir, device, state, metrics)
+        _validate_and_save(run, state)
 
 
 def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
@@ -425,42 +535,47 @@ def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
             f"{run_dir / 'checkpoints' / 'last.pt'}. Try a lower training.lr_scale or training.clip_grad_norm: 1.0")
 
 
-def _log_window(elapsed: float, optimizer: torch.optim.Optimizer, state: TrainState, metrics: MetricsLog,
-                bar: tqdm) -> None:
-    loss = float(state.window_loss) / state.window_tokens
-    nll = float(state.window_nll) / state.window_tokens
-    lr = optimizer.param_groups[0]["lr"]
-    record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss, 4),
-              "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
-              "tgt_tokens_per_s": round(state.window_tokens / elapsed, 1),
-              "src_tgt_tokens_per_s": round((state.window_tokens + state.window_src_tokens) / elapsed, 1),
-              "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
-    metrics.write(record)
-    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) -> None:
+    """Sum the window over processes (the one device sync of the log interval) and write a "train" record."""
+    loss, nll, tokens, src_tokens = run.dist.all_reduce_sum(
+        [float(state.window_loss), float(state.window_nll), state.window_tokens, state.window_src_tokens], run.device)
     state.window_loss = state.window_nll = 0.0
     state.window_tokens = state.window_src_tokens = 0
+    if not tokens or run.metrics is None:
+        return
+    lr = run.optimizer.param_groups[0]["lr"]
+    record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss / tokens, 4),
+              "nll": round(nll / tokens, 4), "ppl": round(math.exp(min(nll / tokens, 50)), 2), "lr": lr,
+              "tgt_tokens_per_s": round(tokens / elapsed, 1),
+              "src_tgt_tokens_per_s": round((tokens + src_tokens) / elapsed, 1),
+              "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
+    run.metrics.write(record)
+    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
 
 
-def _validate_and_save(model: Transformer, optimizer: torch.optim.Optimizer, tokenizer: Tokenizer,
-                       valid_data: EncodedData, config: Config, run_dir: Path, device: torch.device,
-                       state: TrainState, metrics: MetricsLog) -> bool:
-    """Validate, checkpoint, and return True when early stopping says to stop."""
-    start = time.perf_counter()
-    result = validate(model, tokenizer, valid_data, config, device)
-    is_best = result["bleu"] > state.best_bleu
-    if is_best:
-        state.best_bleu, state.evals_without_improvement = result["bleu"], 0
-    else:
-        state.evals_without_improvement += 1
-    metrics.write({"type": "valid", "step": state.step, "epoch": state.epoch, **result,
-                   "best_bleu": state.best_bleu, "valid_s": round(time.perf_counter() - start, 1),
-                   "elapsed_s": round(state.elapsed_s, 1)})
-    tqdm.write(f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
-               f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})")
-    save_training_checkpoint(run_dir, model, optimizer, tokenizer, config, state, is_best=is_best,
-                             keep_step_checkpoint=True)
-    patience = config.training.patience
-    if patience and state.evals_without_improvement >= patience:
-        tqdm.write(f"early stopping: no BLEU improvement in {patience} validations")
-        return True
-    return False
+def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
+    """Validate and checkpoint on rank 0, share the outcome, and return True when early stopping says stop."""
+    stop = False
+    if run.dist.is_main:
+        start = time.perf_counter()
+        result = validate(run.model, run.tokenizer, run.valid_data, run.config, run.device)
+        run.module.train()
+        is_best = result["bleu"] > state.best_bleu
+        if is_best:
+            state.best_bleu, state.evals_without_improvement = result["bleu"], 0
+        else:
+            state.evals_without_improvement += 1
+        run.metrics.write({"type": "valid", "step": state.step, "epoch": state.epoch, **result,
+                           "best_bleu": state.best_bleu, "valid_s": round(time.perf_counter() - start, 1),
+                           "elapsed_s": round(state.elapsed_s, 1)})
+        tqdm.write(f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
+                   f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})")
+        save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
+                                 is_best=is_best, keep_step_checkpoint=True)
+        patience = run.config.training.patience
+        stop = bool(patience and state.evals_without_improvement >= patience)
+        if stop:
+            tqdm.write(f"early stopping: no BLEU improvement in {patience} validations")
+    state.best_bleu, state.evals_without_improvement, stop = run.dist.broadcast(
+        (state.best_bleu, state.evals_without_improvement, stop))
+    return stop

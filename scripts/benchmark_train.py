@@ -1,0 +1,115 @@
+"""Training speed on real data: tokens/s, time per step, achieved FLOP/s, MFU and peak memory, as one JSON line.
+
+Usage:
+    python scripts/benchmark_train.py --config configs/multi30k_de_en.yaml [--steps 30] [--warmup 5]
+        [--threads 2] [--set model.n_heads=8 --set training.precision=fp32 ...]
+
+It prepares the data exactly as `transformer train` does (tokenizer trained in a temporary folder unless
+--run-dir holds one), runs `--warmup` updates, then times `--steps` updates of the real training step
+(`training.trainer.train_step`, batches in the recipe's order) and prints:
+
+    {"tgt_tokens_per_s", "src_tgt_tokens_per_s", "s_per_step", "tflops_per_s", "mfu_fp32", "mfu_bf16",
+     "matmul_gflops_fp32", "matmul_gflops_bf16", "mflop_per_tgt_token", "peak_rss_mb", ...}
+
+FLOPs are counted from the model's shapes, per sentence with its real lengths (ls source, lt target tokens,
+eos/bos included), as 2 FLOPs per multiply-add, and training = 3 x forward (backward is twice forward):
+
+    encoder, per layer:  ls·(4·d² + 2·d·d_ff) + 2·ls²·d
+    decoder, per layer:  lt·(4·d² + 2·d² + 2·d·d_ff) + ls·2·d² + 2·lt²·d + 2·lt·ls·d
+                         (self-attention Q,K,V,O; cross-attention Q,O on the target, K,V on the source;
+                          feed-forward; attention scores and weighted sums)
+    output projection:   lt·d·V
+
+MFU is the achieved rate over the rate of a large (4096³) matrix multiplication measured in the same run, in
+fp32 and in bf16 (the peak this CPU reaches in each precision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transformer.config import Config, load_config
+from transformer.data import make_batch
+from transformer.model import Transformer
+from transformer.training.optim import build_optimizer, inverse_sqrt_lr, set_lr
+from transformer.training.trainer import LossComputation, epoch_batches, prepare_data, train_step
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = 4096, repeats: int = 5) -> float:
+    """Measured GFLOP/s of a size x size x size matrix multiplication."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def training_flops(config: Config, src_len: int, tgt_len: int) -> float:
+    """Forward + backward FLOPs of one sentence pair (formula in the module docstring)."""
+    m = config.model
+    d, d_ff = m.d_model, m.d_ff
+    ls, lt = src_len, tgt_len
+    encoder = m.n_encoder_layers * (ls * (4 * d * d + 2 * d * d_ff) + 2 * ls * ls * d)
+    decoder = m.n_decoder_layers * (lt * (6 * d * d + 2 * d * d_ff) + ls * 2 * d * d + 2 * lt * lt * d
+                                    + 2 * lt * ls * d)
+    output = lt * d * m.tgt_vocab_size
+    return 3 * 2 * (encoder + decoder + output)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/multi30k_de_en.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--run-dir", help="reuse the sentencepiece model of this run directory")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = load_config(args.config, args.set)
+    torch.manual_seed(config.training.seed)
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="bench_train_"))
+    _, train, _ = prepare_data(config, run_dir)
+    model = Transformer(config.model)
+    optimizer = build_optimizer(model, config.training, torch.device("cpu"))
+    batches = epoch_batches(train, config, epoch=0)
+    module = LossComputation(model, config.training.label_smoothing).train()
+    n_tgt = n_src = 0
+    flops = 0.0
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            start = time.perf_counter()
+            n_tgt = n_src = 0
+            flops = 0.0
+        group = batches[step * config.training.accumulate_steps:(step + 1) * config.training.accumulate_steps]
+        made = [make_batch([train.src[i] for i in g], [train.tgt[i] for i in g], g) for g in group]
+        set_lr(optimizer, inverse_sqrt_lr(step + 1, config.model.d_model, config.training.warmup_steps,
+                                          config.training.lr_scale))
+        train_step(module, optimizer, made, config)
+        n_tgt += sum(b.n_tgt_tokens for b in made)
+        n_src += sum(b.n_src_tokens for b in made)
+        flops += sum(training_flops(config, len(train.src[i]), len(train.tgt[i]) + 1) for g in group for i in g)
+    seconds = time.perf_counter() - start
+    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    achieved = flops / seconds / 1e9
+    print(json.dumps({
+        "precision": config.training.precision, "threads": args.threads, "steps": args.steps,
+        "tgt_tokens_per_s": round(n_tgt / seconds, 1), "src_tgt_tokens_per_s": round((n_tgt + n_src) / seconds, 1),
+        "s_per_step": round(seconds / args.steps, 3), "tgt_tokens_per_step": round(n_tgt / args.steps),
+        "gflops_per_s": round(achieved, 1), "mflop_per_tgt_token": round(flops / n_tgt / 1e6, 1),
+        "matmul_gflops_fp32": round(fp32, 1), "matmul_gflops_bf16": round(bf16, 1),
+        "mfu_fp32": round(achieved / fp32, 3), "mfu_bf16": round(achieved / bf16, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "parameters": model.num_parameters(), "overrides": args.set}))
+
+
+if __name__ == "__main__":
+    main()

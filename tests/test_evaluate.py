@@ -1,0 +1,22 @@
+import sacrebleu
+
+from transformer.evaluate import bleu_tokenizer, corpus_scores
+
+
+def test_scores_equal_sacrebleu_and_carry_signatures():
+    hyps = ["A man rides a bike .", "Two dogs play in the snow."]
+    refs = ["A man is riding a bike.", "Two dogs are playing in the snow."]
+    scores = corpus_scores(hyps, refs, "en")
+    assert scores.bleu == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert scores.chrf == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert "tok:13a" in scores.bleu_signature and "nrefs:1" in scores.bleu_signature
+    assert scores.n_sentences == 2
+
+
+def test_languages_without_spaces_get_their_tokenizer():
+    assert bleu_tokenizer("en") == "13a" and bleu_tokenizer("de") == "13a"
+    assert bleu_tokenizer("zh") == "zh"
+    assert bleu_tokenizer("ja") in ("ja-mecab", "char")  # char when the mecab extra is not installed
+    hyps, refs = ["猫が座った。"], ["猫が座っていた。"]
+    assert corpus_scores(hyps, refs, "zh").bleu_signature.count("tok:zh") == 1
+    assert corpus_scores(hyps, refs, "en", tokenize="char").bleu > corpus_scores(hyps, refs, "en").bleu

@@ -1,0 +1,66 @@
+"""torchrun with two CPU processes (gloo) equals one process with the same effective batch; bf16; fp16 on CPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import write_small_config
+from transformer.config import ConfigError, load_config
+from transformer.training.checkpoint import load_checkpoint
+from transformer.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_DROPOUT = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
+                        "dropout": 0.0, "attention_dropout": 0.0},
+              "data": {"vocab_size": 300, "max_tokens_per_batch": 1024},
+              "training": {"max_steps": 4, "warmup_steps": 2, "eval_every_steps": 4, "log_every_steps": 2,
+                           "keep_last_checkpoints": 0, "threads": 1}}
+
+
+def test_two_processes_equal_one_with_accumulation(tmp_path, multi30k_subset):
+    config = write_small_config(tmp_path, multi30k_subset, **NO_DROPOUT)
+    env_flags = ["--set", "data.valid_max_sentences=10"]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "ddp"),
+                          *env_flags], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 process(es)" in two.stderr
+    single = load_config(config, ["data.valid_max_sentences=10", "training.accumulate_steps=2"])
+    train(single, tmp_path / "one")
+    a = load_checkpoint(tmp_path / "ddp" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "one" / "checkpoints" / "last.pt")
+    for name, tensor in b["model"].items():
+        torch.testing.assert_close(a["model"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+    # One writer: each step logged once, one set of checkpoints, no stray temporary files.
+    steps = [json.loads(line)["step"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4, 4]
+    assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    # The losses logged by the two processes together equal the single process's.
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["type"] == "train"]
+    single_losses = [json.loads(line)["loss"] for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
+                     if json.loads(line)["type"] == "train"]
+    assert losses == pytest.approx(single_losses, abs=1e-3)
+
+
+def test_bf16_trains_and_saves_fp32_weights(tmp_path, multi30k_subset):
+    config = load_config(write_small_config(tmp_path, multi30k_subset, **NO_DROPOUT),
+                         ["training.precision=bf16", "training.max_steps=12", "training.eval_every_steps=12",
+                          "training.warmup_steps=4", "data.valid_max_sentences=10"])
+    train(config, tmp_path / "bf16")
+    records = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["type"] == "train"]
+    assert losses[-1] < losses[0] - 0.5
+    weights = load_checkpoint(tmp_path / "bf16" / "checkpoints" / "last.pt")["model"]
+    assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())
+
+
+def test_fp16_on_cpu_is_a_config_error(tmp_path, multi30k_subset):
+    config = load_config(write_small_config(tmp_path, multi30k_subset, **NO_DROPOUT),
+                         ["training.precision=fp16", "training.device=cpu"])
+    with pytest.raises(ConfigError, match="training.precision: fp16 needs a CUDA device"):
+        train(config, tmp_path / "fp16")

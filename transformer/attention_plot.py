@@ -1,0 +1,144 @@
+"""See the attention: heatmaps (or JSON) of encoder self-, decoder self- and encoder-decoder attention.
+
+    transformer attention --checkpoint CKPT "Eine Frau spielt Gitarre." --out attention.png
+
+The sentence is translated, then the model is run once more over its own output through the explicit
+attention path (`Transformer.forward_with_attention`). Teacher-forcing the model's own output reproduces
+exactly the attention of the incremental decoder (cached decoding equals the full pass; tested), so these are
+the weights the model used to translate.
+
+JSON format (`--format json`), n = n_heads, S = source pieces (eos included), T = target pieces + 1:
+    translation      the output text
+    src_pieces       S labels; tgt_in_pieces: T labels ("<s>" + output pieces); tgt_out_pieces: T labels
+                     (output pieces + "</s>"): position t reads tgt_in[t] and predicts tgt_out[t]
+    encoder_self     [n_encoder_layers][n][S][S]   (query source position, key source position)
+    decoder_self     [n_decoder_layers][n][T][T]   (query target position, key target position); zero above
+                     the diagonal
+    cross            [n_decoder_layers][n][T][S]   (query target position, key source position)
+Every row sums to 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config import BOS_ID
+from .translate import Translator
+
+KINDS = ("cross", "encoder_self", "decoder_self")
+TITLES = {"cross": "encoder-decoder attention", "encoder_self": "encoder self-attention",
+          "decoder_self": "decoder self-attention"}
+
+
+class AttentionPlotError(ValueError):
+    """A bad --layer/--head/--kind value, or matplotlib is missing."""
+
+
+def attention_for(translator: Translator, sentence: str, beam_size: int = 1) -> dict:
+    """Translate one sentence and collect every attention weight, as described in the module docstring.
+
+    Returns:
+        A dict with the JSON fields; weights as nested lists of floats.
+    """
+    tokenizer = translator.tokenizer
+    src_ids = tokenizer.encode_src([sentence.strip()])[0]
+    hyp = translator.decode_ids([src_ids], translator._options(beam_size=beam_size, n_best=1))[0][0]
+    text = tokenizer.decode_tgt(hyp.tokens)
+    device = translator.device
+    src = torch.tensor([src_ids], device=device)
+    tgt_in = torch.tensor([[BOS_ID] + hyp.tokens], device=device)
+    with torch.no_grad():
+        _, weights = translator.model.forward_with_attention(src, tgt_in)
+    return {
+        "translation": text,
+        "src_pieces": tokenizer.src_pieces(sentence.strip()),
+        "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
+        "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
+        **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},
+    }
+
+
+def _to_lists(layers: list[torch.Tensor]) -> list:
+    return [w[0].float().cpu().tolist() for w in layers]  # each (n_heads, q_len, k_len)
+
+
+def _labels(data: dict, kind: str) -> tuple[list[str], list[str]]:
+    """(row labels, column labels) for one kind of attention."""
+    if kind == "encoder_self":
+        return data["src_pieces"], data["src_pieces"]
+    if kind == "decoder_self":
+        return data["tgt_in_pieces"], data["tgt_in_pieces"]
+    return data["tgt_out_pieces"], data["src_pieces"]
+
+
+def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tuple[str, ...]) -> None:
+    """Draw heatmaps: one row per kind; every head of `layer` plus their average, or only `head`.
+
+    Raises:
+        AttentionPlotError: if matplotlib is not installed, or layer/head is out of range.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise AttentionPlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' "
+                                 "(or pip install matplotlib), or use --format json") from None
+    n_heads = len(data["cross"][0])
+    columns = [head] if head is not None else list(range(n_heads)) + ["mean"]
+    fig, axes = plt.subplots(len(kinds), len(columns), squeeze=False,
+                             figsize=(2.8 * len(columns) + 1, 2.9 * len(kinds) + 0.5))
+    for r, kind in enumerate(kinds):
+        rows, cols = _labels(data, kind)
+        n_layers = len(data[kind])
+        if not -n_layers <= layer < n_layers:
+            raise AttentionPlotError(f"--layer {layer}: the model has {n_layers} layers of {TITLES[kind]}")
+        layer_weights = torch.tensor(data[kind][layer])  # (n_heads, q_len, k_len)
+        for c, which in enumerate(columns):
+            matrix = layer_weights.mean(0) if which == "mean" else layer_weights[which]
+            ax = axes[r][c]
+            ax.imshow(matrix.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+            label = "mean of heads" if which == "mean" else f"head {which}"
+            ax.set_title(f"{TITLES[kind]}\nlayer {layer % n_layers}, {label}", fontsize=7)
+    fig.suptitle(f"{' '.join(data['src_pieces'][:-1]).replace('▁', ' ').strip()}  →  {data['translation']}",
+                 fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+
+
+def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optional[int] = None,
+        kind: str = "all", fmt: Optional[str] = None, beam_size: int = 1, device: str = "cpu") -> Path:
+    """The `transformer attention` command: write a PNG/SVG/PDF (by suffix) or, with fmt="json", JSON.
+
+    Raises:
+        AttentionPlotError: bad kind/layer/head, an unknown image suffix, or matplotlib missing.
+        CheckpointError: unreadable checkpoint.
+    """
+    translator = Translator.from_checkpoint(checkpoint, device=device)
+    n_heads = translator.model.config.n_heads
+    if head is not None and not 0 <= head < n_heads:
+        raise AttentionPlotError(f"--head {head}: the model has heads 0..{n_heads - 1}")
+    kinds = KINDS if kind == "all" else (kind,)
+    if kind != "all" and kind not in KINDS:
+        raise AttentionPlotError(f"--kind {kind!r}: expected all, {', '.join(KINDS)}")
+    out_path = Path(out)
+    fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
+    if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise AttentionPlotError(f"--out {out}: the suffix must be .png, .svg or .pdf (or use --format json)")
+    data = attention_for(translator, sentence, beam_size)
+    if fmt == "json":
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(data))
+    else:
+        save_plot(data, out_path, layer, head, kinds)
+    return out_path
+

@@ -1,0 +1,80 @@
+"""Several processes, one model: torchrun detection and the few collectives the training loop needs.
+
+`torchrun --nproc_per_node N -m transformer train --config ...` starts N processes with RANK, WORLD_SIZE and
+LOCAL_RANK in their environment; `init_distributed` joins them into one process group (nccl on CUDA, gloo on
+CPU). A plain `transformer train` gets a `Distributed` of world size 1 whose collectives do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place among the training processes.
+
+    Attributes:
+        rank: 0 .. world_size - 1; rank 0 writes checkpoints, logs, metrics and the progress bar.
+        world_size: number of processes.
+        local_rank: index on this machine (selects the GPU).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sum over all processes (identity for one process)."""
+        if not self.is_distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every process if it is True on any (e.g. a stop request that reached one process)."""
+        return self.all_reduce_sum([float(flag)], device)[0] > 0
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every process."""
+        if not self.is_distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_distributed() -> Distributed:
+    """Join the torchrun process group if this process was started by torchrun (WORLD_SIZE > 1).
+
+    Backend: nccl when CUDA is available, gloo otherwise (so the whole path runs on a CPU).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Distributed()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return Distributed(rank, world_size, local_rank)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
