@@ -66,7 +66,7 @@ def test_one_word_inputs_are_capped(translator, caplog):
         out = translator.translate_n_best(["nie", "Hallo"], beam_size=4, max_len_a=1.0, max_len_b=3)
     src_lens = [len(ids) for ids in translator.tokenizer.encode_src(["nie", "Hallo"])]
     hyps = translator.decode_ids(translator.tokenizer.encode_src(["nie", "Hallo"]),
-                                 translator._options(beam_size=4, max_len_a=1.0, max_len_b=3))
+                                 translator.decoding_options(beam_size=4, max_len_a=1.0, max_len_b=3))
     for h, n in zip(hyps, src_lens):
         assert len(h[0].tokens) + h[0].finished <= n + 3
     assert len(out) == 2
@@ -76,7 +76,7 @@ def test_greedy_output_has_nothing_after_eos_and_no_special_pieces(translator):
     long = " ".join(["Zwei Kinder spielen im Sand am Strand neben dem Meer"] * 4)  # 40 words
     outputs = translator.translate(["Ja.", long], beam_size=1, max_len_a=0.0, max_len_b=200)
     hyps = translator.decode_ids(translator.tokenizer.encode_src(["Ja.", long]),
-                                 translator._options(beam_size=1, max_len_a=0.0, max_len_b=200))
+                                 translator.decoding_options(beam_size=1, max_len_a=0.0, max_len_b=200))
     for text, (h,) in zip(outputs, hyps):
         assert 3 not in h.tokens  # eos ends a hypothesis and is not part of it
         assert not any(piece in text for piece in SPECIAL)

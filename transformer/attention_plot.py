@@ -46,7 +46,7 @@ def attention_for(translator: Translator, sentence: str, beam_size: int = 1) -> 
     """
     tokenizer = translator.tokenizer
     src_ids = tokenizer.encode_src([sentence.strip()])[0]
-    hyp = translator.decode_ids([src_ids], translator._options(beam_size=beam_size, n_best=1))[0][0]
+    hyp = translator.decode_ids([src_ids], translator.decoding_options(beam_size=beam_size, n_best=1))[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = translator.device
     src = torch.tensor([src_ids], device=device)

@@ -169,7 +169,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
     hyps = translator.translate(src, **_decoding_kwargs(args))
     scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
-    options = translator._options(**_decoding_kwargs(args))
+    options = translator.decoding_options(**_decoding_kwargs(args))
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
     print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}, "

@@ -73,7 +73,12 @@ class Translator:
         model.load_state_dict(state["model"])
         return cls(model, Tokenizer.from_dict(state["tokenizer"]), config, resolved)
 
-    def _options(self, **overrides: Optional[float]) -> DecodingConfig:
+    def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
+        """The config's decoding section with the given (non-None) overrides, validated.
+
+        Raises:
+            ConfigError: an option out of range (e.g. n_best > beam_size).
+        """
         values = {k: v for k, v in overrides.items() if v is not None}
         base = self.config.decoding
         if "beam_size" in values and "n_best" not in values:
@@ -103,7 +108,7 @@ class Translator:
         Raises:
             ConfigError: an option is out of range (e.g. n_best > beam_size).
         """
-        options = self._options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
+        options = self.decoding_options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
                                 batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
         hypotheses = self.decode_ids(self._encode(sentences), options)
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
