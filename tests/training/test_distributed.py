@@ -64,3 +64,17 @@ def test_fp16_on_cpu_is_a_config_error(tmp_path, multi30k_subset):
                          ["training.precision=fp16", "training.device=cpu"])
     with pytest.raises(ConfigError, match="training.precision: fp16 needs a CUDA device"):
         train(config, tmp_path / "fp16")
+
+
+def test_resume_with_a_different_number_of_processes(tmp_path, multi30k_subset):
+    config = write_small_config(tmp_path, multi30k_subset, **NO_DROPOUT)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                          "--set", "data.valid_max_sentences=10"], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    assert two.returncode == 0, two.stderr[-3000:]
+    resumed = load_config(config, ["data.valid_max_sentences=10", "training.max_steps=6"])
+    state = train(resumed, tmp_path / "run", resume=True)
+    assert state.step == 6
+    before = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["train_state"]
+    assert before["step"] == 6 and before["batch_in_epoch"] == 4 * 2 + 2  # 2 batches per update, then 1
