@@ -71,7 +71,7 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     alive = list(range(n))  # input positions of the rows still decoding
     outputs: list[list[int]] = [[] for _ in range(n)]
     scores, finished = [0.0] * n, [False] * n
-    for step in range(max(max_lengths) + 1):
+    for step in range(max(max_lengths)):
         logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (alive, tgt_vocab_size)
         if step < min_len:

@@ -245,9 +245,10 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: EncodedData, confi
     model.eval()
     total_loss = total_nll = 0.0
     n_tokens = 0
+    loss_module = LossComputation(model, config.training.label_smoothing)
     for indices in epoch_batches(valid, config, epoch=0):
         batch = make_batch([valid.src[i] for i in indices], [valid.tgt[i] for i in indices], indices).to(device)
-        loss, nll = batch_loss(LossComputation(model, config.training.label_smoothing), batch)
+        loss, nll = batch_loss(loss_module, batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
     limit = config.data.valid_max_sentences or len(valid.src)
