@@ -38,7 +38,7 @@ import torch
 from transformer.config import Config, load_config
 from transformer.data import make_batch
 from transformer.model import Transformer
-from transformer.training.optim import build_optimizer, inverse_sqrt_lr, set_lr
+from transformer.training.optim import build_optimizer, learning_rate, set_lr
 from transformer.training.trainer import LossComputation, epoch_batches, prepare_data, train_step
 
 
@@ -82,6 +82,8 @@ def main() -> None:
     optimizer = build_optimizer(model, config.training, torch.device("cpu"))
     batches = epoch_batches(train, config, epoch=0)
     module = LossComputation(model, config.training.label_smoothing).train()
+    if config.training.compile:
+        module = torch.compile(module)
     n_tgt = n_src = 0
     flops = 0.0
     for step in range(args.warmup + args.steps):
@@ -91,8 +93,7 @@ def main() -> None:
             flops = 0.0
         group = batches[step * config.training.accumulate_steps:(step + 1) * config.training.accumulate_steps]
         made = [make_batch([train.src[i] for i in g], [train.tgt[i] for i in g], g) for g in group]
-        set_lr(optimizer, inverse_sqrt_lr(step + 1, config.model.d_model, config.training.warmup_steps,
-                                          config.training.lr_scale))
+        set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
         train_step(module, optimizer, made, config)
         n_tgt += sum(b.n_tgt_tokens for b in made)
         n_src += sum(b.n_src_tokens for b in made)

@@ -55,7 +55,7 @@ SMALL_CONFIG = {
               "dropout": 0.1, "max_positions": 128, "share_all_embeddings": True},
     "data": {"src_lang": "de", "tgt_lang": "en", "vocab_size": 1000, "max_len": 64,
              "max_tokens_per_batch": 2048},
-    "training": {"max_steps": 150, "warmup_steps": 50, "lr_scale": 1.0, "log_every_steps": 25,
+    "training": {"max_steps": 150, "warmup_steps": 50, "lr_scale": 0.5, "log_every_steps": 25,
                  "eval_every_steps": 75, "seed": 7, "threads": 2, "keep_last_checkpoints": 1},
     "decoding": {"beam_size": 4, "batch_size": 32, "max_len_b": 10},
 }

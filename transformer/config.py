@@ -198,6 +198,9 @@ class TrainingConfig:
     """The factor in lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3)."""
     warmup_steps: int = 4000
     """Linear warm-up length (updates) of the schedule (§5.3)."""
+    lr_schedule: str = "inverse_sqrt"
+    """After the warm-up peak: "inverse_sqrt" (the paper's step^-0.5 decay), or "linear" / "cosine" decay to zero at
+    max_steps (better for a fixed budget: the last updates anneal the weights)."""
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -236,6 +239,10 @@ class TrainingConfig:
         _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "training.adam_betas", "both must be in [0, 1)")
         _require(self.adam_eps > 0, "training.adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "training.weight_decay", "must be >= 0")
+        _require(self.lr_schedule in ("inverse_sqrt", "linear", "cosine"), "training.lr_schedule",
+                 f"must be inverse_sqrt, linear or cosine, got {self.lr_schedule!r}")
+        _require(self.lr_schedule == "inverse_sqrt" or self.warmup_steps < self.max_steps, "training.warmup_steps",
+                 f"must be below training.max_steps ({self.max_steps}) for the {self.lr_schedule} schedule")
         _require(self.precision in ("fp32", "bf16", "fp16"), "training.precision",
                  f"must be fp32, bf16 or fp16, got {self.precision!r}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from transformer.training.loss import label_smoothed_cross_entropy
+from transformer.training.loss import CHUNK_ROWS, label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -69,3 +69,48 @@ def test_loss_per_token_unchanged_by_extra_pad_columns():
     padded, _ = label_smoothed_cross_entropy(padded_logits.flatten(0, 1), padded_target.flatten(), 0.1, PAD)
     n = int(target.ne(PAD).sum())
     assert math.isclose(base.item() / n, padded.item() / n, rel_tol=1e-6)
+
+
+def test_chunked_rows_match_autograd_of_the_textbook_form_across_chunk_boundaries():
+    # More rows than CHUNK_ROWS, so the loss and gradient are assembled from several chunks (one partial).
+    torch.manual_seed(3)
+    n = 2 * CHUNK_ROWS + 37
+    logits = torch.randn(n, 17, dtype=torch.double)
+    target = torch.randint(0, 17, (n,))
+    target[CHUNK_ROWS - 1:CHUNK_ROWS + 1] = PAD  # pad rows on both sides of a chunk boundary
+    eps = 0.1
+    ours = logits.clone().requires_grad_(True)
+    loss, nll = label_smoothed_cross_entropy(ours, target, eps, PAD)
+    (loss * 0.5).backward()
+    ref = logits.clone().requires_grad_(True)
+    log_p = ref.log_softmax(-1)
+    q = torch.full_like(log_p, eps / 16)
+    q[:, PAD] = 0.0
+    q.scatter_add_(-1, target[:, None], torch.full((n, 1), 1.0 - eps, dtype=torch.double))
+    keep = target.ne(PAD).double()
+    ref_loss = (-(q * log_p).sum(-1) * keep).sum()
+    (ref_loss * 0.5).backward()
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, (-log_p.gather(-1, target[:, None]).squeeze(-1) * keep).sum().detach())
+    torch.testing.assert_close(ours.grad, ref.grad)
+
+
+def test_bf16_logits_are_scored_in_float32_and_get_a_bf16_gradient():
+    torch.manual_seed(4)
+    logits = torch.randn(300, 50) * 3
+    target = torch.randint(1, 50, (300,))
+    half = logits.bfloat16().requires_grad_(True)
+    loss, _ = label_smoothed_cross_entropy(half, target, 0.1, PAD)
+    loss.backward()
+    exact = half.detach().float().requires_grad_(True)
+    ref_loss, _ = label_smoothed_cross_entropy(exact, target, 0.1, PAD)
+    ref_loss.backward()
+    assert loss.dtype == torch.float32 and half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, ref_loss)  # same bf16 inputs, float32 arithmetic
+    torch.testing.assert_close(half.grad.float(), exact.grad, rtol=1e-2, atol=1e-4)
+
+
+def test_no_gradient_buffer_without_grad():
+    logits = torch.randn(10, 7)
+    loss, nll = label_smoothed_cross_entropy(logits, torch.randint(1, 7, (10,)), 0.1, PAD)
+    assert not loss.requires_grad and nll.item() > 0

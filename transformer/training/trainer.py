@@ -38,7 +38,7 @@ from ..translate import Translator
 from .checkpoint import load_checkpoint, save_checkpoint
 from .distributed import Distributed, init_distributed
 from .loss import label_smoothed_cross_entropy
-from .optim import build_optimizer, inverse_sqrt_lr, set_lr
+from .optim import build_optimizer, learning_rate, set_lr
 
 logger = logging.getLogger(__name__)
 
@@ -488,8 +488,7 @@ def _loop(run: TrainingRun, state: TrainState, stop: _StopRequest, bar: tqdm, st
             mine = group[dist.rank::dist.world_size]  # this process's share
             made = [make_batch([data.src[i] for i in g], [data.tgt[i] for i in g], g) for g in mine]
             made = [(b.pin_memory() if pin else b).to(run.device) for b in made]
-            set_lr(run.optimizer, inverse_sqrt_lr(state.step + 1, run.config.model.d_model, t.warmup_steps,
-                                                  t.lr_scale))
+            set_lr(run.optimizer, learning_rate(state.step + 1, t, run.config.model.d_model))
             result = train_step(run.module, run.optimizer, made, run.config, n_tokens, dist.world_size, run.scaler)
             state.step += 1
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
