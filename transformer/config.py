@@ -195,12 +195,14 @@ class TrainingConfig:
     max_epochs: int = 0
     """Stop after this many passes over the training data (0: no limit)."""
     lr_scale: float = 1.0
-    """The factor in lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3)."""
+    """The factor in lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3); the peak,
+    lr_scale * (d_model * warmup_steps)^-0.5, is also the peak of the linear and cosine schedules."""
     warmup_steps: int = 4000
     """Linear warm-up length (updates) of the schedule (§5.3)."""
     lr_schedule: str = "inverse_sqrt"
     """After the warm-up peak: "inverse_sqrt" (the paper's step^-0.5 decay), or "linear" / "cosine" decay to zero at
-    max_steps (better for a fixed budget: the last updates anneal the weights)."""
+    max_steps (better for a fixed budget: the last updates anneal the weights). These two depend on max_steps, so
+    resuming with a different max_steps changes the rest of the schedule."""
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
