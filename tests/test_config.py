@@ -58,7 +58,7 @@ def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
     path = _write(tmp_path, BASE)
     config = load_config(path, ["training.max_steps=7", "model.norm_first=true", "data.path=/x"])
     assert config.training.max_steps == 7 and config.model.norm_first is True and config.data.path == "/x"
-    with pytest.raises(ConfigError, match="training.max_step: unknown key"):
+    with pytest.raises(ConfigError, match=r"with --set training\.max_step=7: training\.max_step: unknown key"):
         load_config(path, ["training.max_step=7"])
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(path, ["max_steps"])

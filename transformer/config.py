@@ -427,7 +427,7 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
 
     Raises:
         ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
-            the message starts with the file name and names the key path.
+            the message starts with the file name (and the overrides, if any) and names the key path.
     """
     path = Path(path)
     try:
@@ -441,7 +441,8 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
             _apply_override(raw, override)
         return config_from_dict(raw)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        source = f"{path} with --set {' '.join(overrides)}" if overrides else str(path)
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def save_config(config: Config, path: str | Path) -> None:
