@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/benchmark_train.py --config configs/multi30k_de_en.yaml [--steps 30] [--warmup 5]
-        [--threads 2] [--set model.n_heads=8 --set training.precision=fp32 ...]
+        [--threads 2] [--set model.n_heads=8 --set training.precision=fp32 ...] [--profile 25]
 
 It prepares the data exactly as `transformer train` does (tokenizer trained in a temporary folder unless
 --run-dir holds one), runs `--warmup` updates, then times `--steps` updates of the real training step
@@ -22,6 +22,9 @@ eos/bos included), as 2 FLOPs per multiply-add, and training = 3 x forward (back
 
 MFU is the achieved rate over the rate of a large (4096³) matrix multiplication measured in the same run, in
 fp32 and in bf16 (the peak this CPU reaches in each precision).
+
+With --profile N, the timed updates run under torch.profiler (CPU activities; the figures above then include
+its overhead) and the N operators with the most self CPU time are printed after the JSON line: where the time goes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import Config, load_config
 from transformer.data import make_batch
@@ -72,6 +76,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run-dir", help="reuse the sentencepiece model of this run directory")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the timed updates and list the N most expensive operators")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = load_config(args.config, args.set)
@@ -84,10 +90,13 @@ def main() -> None:
     module = LossComputation(model, config.training.label_smoothing).train()
     if config.training.compile:
         module = torch.compile(module)
+    profiler = profile(activities=[ProfilerActivity.CPU]) if args.profile else None
     n_tgt = n_src = 0
     flops = 0.0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
+            if profiler is not None:
+                profiler.start()
             start = time.perf_counter()
             n_tgt = n_src = 0
             flops = 0.0
@@ -99,6 +108,8 @@ def main() -> None:
         n_src += sum(b.n_src_tokens for b in made)
         flops += sum(training_flops(config, len(train.src[i]), len(train.tgt[i]) + 1) for g in group for i in g)
     seconds = time.perf_counter() - start
+    if profiler is not None:
+        profiler.stop()
     fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     achieved = flops / seconds / 1e9
     print(json.dumps({
@@ -110,6 +121,8 @@ def main() -> None:
         "mfu_fp32": round(achieved / fp32, 3), "mfu_bf16": round(achieved / bf16, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "parameters": model.num_parameters(), "overrides": args.set}))
+    if profiler is not None:
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
 
 if __name__ == "__main__":

@@ -109,7 +109,8 @@ class Translator:
             ConfigError: an option is out of range (e.g. n_best > beam_size).
         """
         options = self.decoding_options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
-                                batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+                                        batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
+                                        min_len=min_len)
         hypotheses = self.decode_ids(self._encode(sentences), options)
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 

@@ -51,7 +51,7 @@ def learning_rate(step: int, training: TrainingConfig, d_model: int) -> float:
     if training.lr_schedule == "inverse_sqrt" or step <= warmup:
         return inverse_sqrt_lr(step, d_model, warmup, training.lr_scale)
     peak = inverse_sqrt_lr(warmup, d_model, warmup, training.lr_scale)
-    progress = min(1.0, (step - warmup) / max(1, training.max_steps - warmup))  # in (0, 1]
+    progress = min(1.0, (step - warmup) / (training.max_steps - warmup))  # in (0, 1]; warmup < max_steps (config)
     if training.lr_schedule == "linear":
         return peak * (1.0 - progress)
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
