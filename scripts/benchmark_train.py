@@ -40,10 +40,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import Config, load_config
-from transformer.data import make_batch
 from transformer.model import Transformer
+from transformer.training.data import epoch_batches, prepare_data
 from transformer.training.optim import build_optimizer, learning_rate, set_lr
-from transformer.training.trainer import LossComputation, epoch_batches, prepare_data, train_step
+from transformer.training.trainer import LossComputation, train_step
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 4096, repeats: int = 5) -> float:
@@ -101,12 +101,13 @@ def main() -> None:
             n_tgt = n_src = 0
             flops = 0.0
         group = batches[step * config.training.accumulate_steps:(step + 1) * config.training.accumulate_steps]
-        made = [make_batch([train.src[i] for i in g], [train.tgt[i] for i in g], g) for g in group]
+        made = [train.batch(g) for g in group]
         set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
         train_step(module, optimizer, made, config)
         n_tgt += sum(b.n_tgt_tokens for b in made)
         n_src += sum(b.n_src_tokens for b in made)
-        flops += sum(training_flops(config, len(train.src[i]), len(train.tgt[i]) + 1) for g in group for i in g)
+        flops += sum(training_flops(config, int(train.src_lengths[i]), int(train.tgt_lengths[i]))
+                     for g in group for i in g)
     seconds = time.perf_counter() - start
     if profiler is not None:
         profiler.stop()

@@ -83,6 +83,21 @@ def write_small_config(folder: Path, data_path: Path, **sections) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def token_cache_dir(tmp_path_factory) -> Path:
+    """Token caches of the whole session (in-process and subprocess runs) go to a temporary folder."""
+    import os
+
+    folder = tmp_path_factory.mktemp("token_cache")
+    previous = os.environ.get("TRANSFORMER_NMT_CACHE")
+    os.environ["TRANSFORMER_NMT_CACHE"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("TRANSFORMER_NMT_CACHE", None)
+    else:
+        os.environ["TRANSFORMER_NMT_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def multi30k_subset(tmp_path_factory) -> Path:
     return write_multi30k_subset(tmp_path_factory.mktemp("multi30k"))

@@ -1,4 +1,4 @@
-"""The `transformer` command: train, translate, evaluate, attention.
+"""The `transformer` command: train, prepare, translate, evaluate, attention.
 
 Each subcommand parses its arguments, calls one function, and maps user mistakes (bad config, bad data,
 bad checkpoint) to one line on stderr and exit status 2, with no traceback.
@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value, e.g. --set training.max_steps=200 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
+
+    prepare = sub.add_parser("prepare", help="build the tokenizer and the training token cache ahead of training")
+    prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
+    prepare.add_argument("--run-dir", help="run folder for the tokenizer (default: runs/<config name>)")
+    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                         help="override a config value, as for train")
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
     translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
@@ -106,6 +112,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
           f"checkpoints in {run_dir / 'checkpoints'}")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .training.data import prepare_data
+
+    config = load_config(args.config, args.set)
+    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    _, train, valid = prepare_data(config, run_dir)
+    print(f"prepared {run_dir}: tokenizer {run_dir}, {len(train)} training pairs in the token cache, "
+          f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
+          "--set finds both")
     return 0
 
 
@@ -200,9 +218,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     is_other_rank = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
     level = logging.DEBUG if args.verbose else (
-        logging.INFO if args.command == "train" and not is_other_rank else logging.WARNING)
+        logging.INFO if args.command in ("train", "prepare") and not is_other_rank else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    commands = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
+    commands = {"train": cmd_train, "prepare": cmd_prepare, "translate": cmd_translate, "evaluate": cmd_evaluate,
                 "attention": cmd_attention}
     try:
         return commands[args.command](args)

@@ -154,7 +154,9 @@ class DataConfig:
     spm_model_type: str = "bpe"
     """Sentencepiece algorithm: "bpe" or "unigram"."""
     spm_max_sentences: int = 1_000_000
-    """At most this many sentences (per language) are used to train sentencepiece."""
+    """Sentencepiece trains on a random sample of at most this many sentences per model: with a joint vocabulary,
+    both sides of spm_max_sentences / 2 random training pairs; otherwise each language's side of spm_max_sentences
+    random pairs. The sample is fixed by training.seed."""
     max_len: int = 128
     """Training pairs with more than this many tokens on either side (eos included) are dropped."""
     max_tokens_per_batch: int = 4096
@@ -163,6 +165,9 @@ class DataConfig:
     """Batches are cut from pools of pool_factor * (sentences per batch) pairs sorted by length."""
     valid_max_sentences: int = 0
     """Use only the first N validation pairs for BLEU during training (0: all)."""
+    cache_dir: Optional[str] = None
+    """Folder of the token caches (the training split encoded once into memory-mapped files, see
+    `data/token_cache.py`); null: $TRANSFORMER_NMT_CACHE, else ~/.cache/transformer-nmt."""
 
     def __post_init__(self) -> None:
         _require(bool(self.src_lang) and bool(self.tgt_lang), "data.src_lang", "languages must be non-empty")

@@ -113,17 +113,27 @@ class Tokenizer:
         return cls(src.read_bytes(), tgt.read_bytes()) if src.exists() and tgt.exists() else None
 
 
-def _train_one(sentences: list[str], data: DataConfig, what: str) -> bytes:
-    """Train one sentencepiece model in memory; returns its serialized proto."""
+SPM_MAX_SENTENCE_BYTES = 4192
+"""Sentencepiece's own limit (its `max_sentence_length`, in UTF-8 bytes): longer training sentences are skipped by
+sentencepiece; we count and log them (the rest of the pipeline keeps them)."""
+
+
+def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int) -> bytes:
+    """Train one sentencepiece model in memory on all of `sentences`; returns its serialized proto."""
     import io
 
+    too_long = sum(len(s) * 4 > SPM_MAX_SENTENCE_BYTES and len(s.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES
+                   for s in sentences)
+    if too_long:
+        logger.warning("sentencepiece skips %d of the %d %s sentences it trains on: longer than %d bytes",
+                       too_long, len(sentences), what, SPM_MAX_SENTENCE_BYTES)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=model, vocab_size=data.vocab_size,
             model_type=data.spm_model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
-            eos_id=EOS_ID, input_sentence_size=data.spm_max_sentences, shuffle_input_sentence=True,
-            num_threads=2, minloglevel=2)
+            eos_id=EOS_ID, input_sentence_size=0, shuffle_input_sentence=False,
+            max_sentence_length=SPM_MAX_SENTENCE_BYTES, num_threads=threads, minloglevel=2)
     except RuntimeError as err:
         match = re.search(r"<= (\d+)", str(err))
         largest = f"; the largest size that works on this data is {match.group(1)}" if match else ""
@@ -133,18 +143,25 @@ def _train_one(sentences: list[str], data: DataConfig, what: str) -> bytes:
     return model.getvalue()
 
 
-def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig) -> Tokenizer:
-    """Train sentencepiece on the training split: one joint model, or one per language.
+def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig, threads: int = 2) -> Tokenizer:
+    """Train sentencepiece on these sentences (a sample of the training split): one joint model, or one per language.
+
+    Every sentence given is used (the caller samples: see `DataConfig.spm_max_sentences`); with the same sentences
+    the same model comes out.
 
     Args:
         src_texts, tgt_texts: training sentences.
-        data: vocab_size, joint_vocab, spm_model_type, spm_max_sentences.
+        data: vocab_size, joint_vocab, spm_model_type.
+        threads: sentencepiece training threads.
 
     Raises:
         TokenizerError: if the vocabulary size cannot be reached on this text (naming the largest that can).
     """
     if data.joint_vocab:
-        logger.info("training a joint %s sentencepiece model (%d pieces)", data.spm_model_type, data.vocab_size)
-        return Tokenizer(_train_one(src_texts + tgt_texts, data, f"{data.src_lang}+{data.tgt_lang}"))
-    logger.info("training %s sentencepiece models (%d pieces each)", data.spm_model_type, data.vocab_size)
-    return Tokenizer(_train_one(src_texts, data, data.src_lang), _train_one(tgt_texts, data, data.tgt_lang))
+        logger.info("training a joint %s sentencepiece model (%d pieces) on %d sentences", data.spm_model_type,
+                    data.vocab_size, len(src_texts) + len(tgt_texts))
+        return Tokenizer(_train_one(src_texts + tgt_texts, data, f"{data.src_lang}+{data.tgt_lang}", threads))
+    logger.info("training %s sentencepiece models (%d pieces each) on %d sentences each", data.spm_model_type,
+                data.vocab_size, len(src_texts))
+    return Tokenizer(_train_one(src_texts, data, data.src_lang, threads),
+                     _train_one(tgt_texts, data, data.tgt_lang, threads))

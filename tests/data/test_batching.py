@@ -17,7 +17,7 @@ def _lengths(n=2000, seed=0):
 def test_every_batch_within_budget_and_every_pair_exactly_once():
     src, tgt = _lengths()
     for epoch in range(3):
-        batches = token_batches(src, tgt, max_tokens=500, seed=1, epoch=epoch, pool_factor=10)
+        batches = [b.tolist() for b in token_batches(src, tgt, max_tokens=500, seed=1, epoch=epoch, pool_factor=10)]
         flat = [i for b in batches for i in b]
         assert sorted(flat) == list(range(len(src)))
         for b in batches:
@@ -31,10 +31,27 @@ def test_every_batch_within_budget_and_every_pair_exactly_once():
 
 def test_order_is_fixed_by_seed_and_epoch():
     src, tgt = _lengths(500)
-    a = token_batches(src, tgt, 300, seed=1, epoch=0)
-    assert a == token_batches(src, tgt, 300, seed=1, epoch=0)
-    assert a != token_batches(src, tgt, 300, seed=1, epoch=1)
-    assert a != token_batches(src, tgt, 300, seed=2, epoch=0)
+
+    def batches(seed, epoch):
+        return [b.tolist() for b in token_batches(src, tgt, 300, seed=seed, epoch=epoch)]
+
+    a = batches(1, 0)
+    assert a == batches(1, 0)
+    assert a != batches(1, 1)
+    assert a != batches(2, 0)
+
+
+def test_batches_are_full_and_sorted_within_a_batch():
+    # Cut from length-sorted pools: each batch takes as many pairs as its longest allows (greedy, no gaps).
+    src, tgt = _lengths(3000, seed=3)
+    longest = [max(s, t) for s, t in zip(src, tgt)]
+    not_full = 0
+    for b in token_batches(src, tgt, 400, seed=0, epoch=0, pool_factor=1000):  # one pool
+        lengths = [longest[i] for i in b]
+        assert lengths == sorted(lengths, reverse=True)
+        assert len(b) * lengths[0] <= 400
+        not_full += len(b) != 400 // lengths[0]
+    assert not_full <= 1  # only the pool's last batch may be short
 
 
 def test_example_over_budget_is_an_error():

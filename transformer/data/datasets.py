@@ -11,23 +11,23 @@ mapping {lang: text} or one column per language.
 
 from __future__ import annotations
 
-import gzip
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..config import DataConfig
+from .text import DataError, LineReader, count_lines
 
 logger = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
-    """A corpus file is missing, empty, unreadable or misaligned, or a language is not in the source."""
-
-
 @dataclass
 class ParallelCorpus:
-    """Aligned source and target sentences of one split.
+    """Aligned source and target sentences of one split, in memory (validation and test sets).
 
     Attributes:
         src, tgt: lists of the same length.
@@ -42,40 +42,6 @@ class ParallelCorpus:
         return len(self.src)
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """Read a UTF-8 text file (plain or .gz), one item per "\\n"-terminated line.
-
-    Raises:
-        DataError: if the file is missing, or a line is not valid UTF-8 (naming the line number).
-    """
-    path = Path(path)
-    try:
-        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, EOFError) as err:
-        raise DataError(f"{path}: cannot read ({err})") from None
-    return split_lines(raw, str(path))
-
-
-def split_lines(raw: bytes, name: str) -> list[str]:
-    """Decode UTF-8 bytes into lines split on "\n" only ("\r\n" endings tolerated).
-
-    Raises:
-        DataError: if a line is not valid UTF-8, naming `name` and the line number.
-    """
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as err:
-            raise DataError(f"{name}, line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-    return out
-
-
 def _local_file(folder: Path, split: str, lang: str) -> Path:
     for name in (f"{split}.{lang}.gz", f"{split}.{lang}"):
         if (folder / name).exists():
@@ -87,53 +53,207 @@ def _local_file(folder: Path, split: str, lang: str) -> Path:
     raise DataError(f"{folder}: no file {split}.{lang}.gz or {split}.{lang}{hint}")
 
 
-def _load_local(folder: Path, split: str, data: DataConfig) -> ParallelCorpus:
-    src_path = _local_file(folder, split, data.src_lang)
-    tgt_path = _local_file(folder, split, data.tgt_lang)
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
-                        "parallel files must have one sentence per line on both sides")
-    return ParallelCorpus(src, tgt, f"{src_path} + {tgt_path}")
+class SplitSource:
+    """One split of a parallel corpus, read in chunks of pairs without holding it whole.
+
+    Built by `open_split`. Local text files are read with `text.LineReader` (its rules apply); `datasets`
+    sources are Arrow tables that `datasets` memory-maps, read a chunk at a time.
+
+    Attributes:
+        origin: where the data comes from, for messages.
+    """
+
+    origin: str
+
+    def __len__(self) -> int:
+        """Number of pairs."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the content, for cache keys (see `token_cache.py`)."""
+        raise NotImplementedError
+
+    def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
+        """(source sentences, target sentences) of up to `size` pairs at a time, in order.
+
+        Raises:
+            DataError: misaligned files (naming both and their line counts), or text the reader refuses.
+        """
+        raise NotImplementedError
+
+    def progress(self) -> tuple[int, str]:
+        """(total, unit) for a progress bar over `chunks`; `position()` gives the current value."""
+        return len(self), "pairs"
+
+    def position(self) -> int:
+        return self._position
+
+    _position = 0
+
+    def read_all(self) -> ParallelCorpus:
+        src: list[str] = []
+        tgt: list[str] = []
+        for s, t in self.chunks(1 << 16):
+            src.extend(s)
+            tgt.extend(t)
+        return ParallelCorpus(src, tgt, self.origin)
+
+    def sample(self, n: int, seed: int) -> tuple[list[str], list[str]]:
+        """A uniform random sample of min(n, len) pairs (without replacement), in corpus order.
+
+        Fixed by `seed`; when n >= len(self), every pair.
+        """
+        total = len(self)
+        if n >= total:
+            corpus = self.read_all()
+            return corpus.src, corpus.tgt
+        chosen = np.sort(np.random.default_rng(seed).choice(total, size=n, replace=False))
+        src: list[str] = []
+        tgt: list[str] = []
+        start = 0
+        for s, t in self.chunks(1 << 16):
+            lo, hi = np.searchsorted(chosen, [start, start + len(s)])
+            for i in chosen[lo:hi] - start:
+                src.append(s[i])
+                tgt.append(t[i])
+            start += len(s)
+        return src, tgt
 
 
-def _load_hf(split: str, data: DataConfig) -> ParallelCorpus:
-    import datasets
+class LocalSplit(SplitSource):
+    """`{split}.{lang}[.gz]` files in a folder.
 
-    hf_split = data.hf_split_names.get(split, split)
-    origin = data.hf_dataset if data.data_files is None else f"{data.hf_dataset} files {data.data_files}"
-    kwargs = {}
-    if data.data_files is not None:
-        if split not in data.data_files:
-            raise DataError(f"data.data_files has no file for split {split!r} (it has {', '.join(data.data_files)})")
-        kwargs["data_files"] = {hf_split: data.data_files[split]}
-    try:
-        dataset = datasets.load_dataset(data.hf_dataset, data.hf_config, split=hf_split, **kwargs)
-    except ValueError as err:  # e.g. unknown split or config
-        raise DataError(f"{origin}: cannot load split {hf_split!r}: {err}") from None
-    except FileNotFoundError as err:
-        raise DataError(f"{origin}: not found ({err})") from None
-    columns = dataset.column_names
-    if "translation" in columns:
-        first = dataset[0]["translation"] if len(dataset) else {}
-        missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in first]
-        if missing:
-            raise DataError(f"{origin} split {hf_split!r}: the translation column has languages "
-                            f"{', '.join(sorted(first))}, not {', '.join(missing)} "
-                            f"(data.src_lang={data.src_lang}, data.tgt_lang={data.tgt_lang})")
-        pairs = dataset["translation"]
-        src, tgt = [p[data.src_lang] for p in pairs], [p[data.tgt_lang] for p in pairs]
-    else:
-        missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in columns]
-        if missing:
-            raise DataError(f"{origin} split {hf_split!r}: no column {', '.join(missing)}; columns are "
-                            f"{', '.join(columns)} (expected a 'translation' column or one column per language)")
-        src, tgt = dataset[data.src_lang], dataset[data.tgt_lang]
-    return ParallelCorpus([s or "" for s in src], [t or "" for t in tgt], f"{origin} [{hf_split}]")
+    The fingerprint is each file's resolved path, size and modification time (nanoseconds): editing or replacing
+    a file changes it; copying the folder elsewhere makes a new one. It is not a content hash (a hash of 1.2 GB
+    would cost seconds on every start).
+    """
+
+    def __init__(self, folder: Path, split: str, data: DataConfig) -> None:
+        self.src_path = _local_file(folder, split, data.src_lang)
+        self.tgt_path = _local_file(folder, split, data.tgt_lang)
+        self.origin = f"{self.src_path} + {self.tgt_path}"
+        self._len: int | None = None
+        self._reader: LineReader | None = None
+
+    def __len__(self) -> int:
+        if self._len is None:
+            n_src, n_tgt = count_lines(self.src_path), count_lines(self.tgt_path)
+            self._check_counts(n_src, n_tgt)
+            self._len = n_src
+        return self._len
+
+    def _check_counts(self, n_src: int, n_tgt: int) -> None:
+        if n_src != n_tgt:
+            raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: "
+                            "parallel files must have one sentence per line on both sides")
+
+    def fingerprint(self) -> dict[str, Any]:
+        def describe(path: Path) -> dict[str, Any]:
+            stat = path.stat()
+            return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        return {"files": [describe(self.src_path), describe(self.tgt_path)]}
+
+    def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
+        with LineReader(self.src_path) as src, LineReader(self.tgt_path) as tgt:
+            self._reader, self._position = src, 0
+            while True:
+                s, t = src.read(size), tgt.read(size)
+                if len(s) != len(t):  # one file ended first: count the rest of the other for the message
+                    while src.read(1 << 16) or tgt.read(1 << 16):
+                        pass
+                    self._check_counts(src.lines_read, tgt.lines_read)
+                if not s:
+                    break
+                yield s, t
+            self._position = src.bytes_read
+
+    def progress(self) -> tuple[int, str]:
+        return self.src_path.stat().st_size, "B"
+
+    def position(self) -> int:
+        return self._reader.bytes_read if self._reader is not None else 0
+
+
+class HuggingFaceSplit(SplitSource):
+    """A split of a `datasets` source (hub id or json/csv/parquet loader), memory-mapped by `datasets`.
+
+    The fingerprint is the dataset id, config, split and the `datasets` fingerprint of the loaded table (it
+    changes with the dataset's revision or the local files' contents).
+    """
+
+    def __init__(self, split: str, data: DataConfig) -> None:
+        import datasets
+
+        hf_split = data.hf_split_names.get(split, split)
+        origin = data.hf_dataset if data.data_files is None else f"{data.hf_dataset} files {data.data_files}"
+        kwargs = {}
+        if data.data_files is not None:
+            if split not in data.data_files:
+                raise DataError(f"data.data_files has no file for split {split!r} "
+                                f"(it has {', '.join(data.data_files)})")
+            kwargs["data_files"] = {hf_split: data.data_files[split]}
+        try:
+            dataset = datasets.load_dataset(data.hf_dataset, data.hf_config, split=hf_split, **kwargs)
+        except ValueError as err:  # e.g. unknown split or config
+            raise DataError(f"{origin}: cannot load split {hf_split!r}: {err}") from None
+        except FileNotFoundError as err:
+            raise DataError(f"{origin}: not found ({err})") from None
+        self.origin = f"{origin} [{hf_split}]"
+        self._spec = {"dataset": data.hf_dataset, "config": data.hf_config, "split": hf_split,
+                      "data_files": data.data_files and data.data_files.get(split)}
+        self.dataset = dataset
+        self.src_lang, self.tgt_lang = data.src_lang, data.tgt_lang
+        columns = dataset.column_names
+        if "translation" in columns:
+            first = dataset[0]["translation"] if len(dataset) else {}
+            missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in first]
+            if missing:
+                raise DataError(f"{self.origin}: the translation column has languages {', '.join(sorted(first))}, "
+                                f"not {', '.join(missing)} (data.src_lang={data.src_lang}, "
+                                f"data.tgt_lang={data.tgt_lang})")
+            self._columns = ["translation"]
+        else:
+            missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in columns]
+            if missing:
+                raise DataError(f"{self.origin}: no column {', '.join(missing)}; columns are {', '.join(columns)} "
+                                "(expected a 'translation' column or one column per language)")
+            self._columns = [data.src_lang, data.tgt_lang]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self._spec, "fingerprint": self.dataset._fingerprint}
+
+    def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
+        self._position = 0
+        for rows in self.dataset.select_columns(self._columns).iter(batch_size=size):
+            if "translation" in rows:
+                pairs = rows["translation"]
+                src, tgt = [p[self.src_lang] for p in pairs], [p[self.tgt_lang] for p in pairs]
+            else:
+                src, tgt = rows[self.src_lang], rows[self.tgt_lang]
+            self._position += len(src)
+            yield [s or "" for s in src], [t or "" for t in tgt]
+
+
+def open_split(data: DataConfig, split: str) -> SplitSource:
+    """One split, from `data.path` if that folder exists, otherwise from `data.hf_dataset`, ready to stream.
+
+    Raises:
+        DataError: missing folder/file/split/language, naming what is there.
+    """
+    if data.path is not None and Path(data.path).is_dir():
+        return LocalSplit(Path(data.path), split, data)
+    if data.hf_dataset is not None:
+        if data.path is not None:
+            logger.info("data.path %s does not exist; loading %s from %s", data.path, split, data.hf_dataset)
+        return HuggingFaceSplit(split, data)
+    raise DataError(f"data.path: folder {data.path} does not exist (and no data.hf_dataset is set)")
 
 
 def load_split(data: DataConfig, split: str) -> ParallelCorpus:
-    """Load one split from `data.path` if that folder exists, otherwise from `data.hf_dataset`.
+    """Load one split into memory (for validation and test sets; training data goes through `token_cache`).
 
     Args:
         data: the data section of the config.
@@ -146,14 +266,7 @@ def load_split(data: DataConfig, split: str) -> ParallelCorpus:
         DataError: missing folder/file/split/language, mismatched line counts, or an empty split,
             naming the file(s) and the counts.
     """
-    if data.path is not None and Path(data.path).is_dir():
-        corpus = _load_local(Path(data.path), split, data)
-    elif data.hf_dataset is not None:
-        if data.path is not None:
-            logger.info("data.path %s does not exist; loading %s from %s", data.path, split, data.hf_dataset)
-        corpus = _load_hf(split, data)
-    else:
-        raise DataError(f"data.path: folder {data.path} does not exist (and no data.hf_dataset is set)")
+    corpus = open_split(data, split).read_all()
     if len(corpus) == 0:
         raise DataError(f"{corpus.origin}: split {split!r} is empty")
     return corpus

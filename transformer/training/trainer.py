@@ -13,29 +13,32 @@ The run directory holds:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import random
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ..config import PAD_ID, Config, ConfigError, DecodingConfig, save_config
-from ..data import Batch, DataError, load_split, make_batch, token_batches
+from ..config import PAD_ID, Config, ConfigError, save_config
+from ..data import Batch, EncodedPairs
 from ..device import resolve_device
 from ..evaluate import corpus_scores
 from ..model import Transformer
-from ..tokenizer import Tokenizer, train_tokenizer
+from ..tokenizer import Tokenizer
 from ..translate import Translator
 from .checkpoint import load_checkpoint, save_checkpoint
+from .data import ValidationSet, epoch_batches, prepare_data
 from .distributed import Distributed, init_distributed
 from .loss import label_smoothed_cross_entropy
 from .optim import build_optimizer, learning_rate, set_lr
@@ -72,72 +75,6 @@ class TrainState:
     window_nll: Any = 0.0
     window_tokens: int = 0
     window_src_tokens: int = 0
-
-
-@dataclass
-class EncodedData:
-    """Token ids of one split (source with eos; target without bos/eos) and the raw references."""
-
-    src: list[list[int]]
-    tgt: list[list[int]]
-    references: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data preparation
-# --------------------------------------------------------------------------------------------------
-
-
-def prepare_data(config: Config, run_dir: Path) -> tuple[Tokenizer, EncodedData, EncodedData]:
-    """Load train and validation splits (failing fast on bad data), get the tokenizer, encode once.
-
-    The tokenizer saved in run_dir is reused; otherwise one is trained on the training split and saved.
-
-    Raises:
-        DataError: missing/misaligned/empty files or a missing language.
-        TokenizerError: vocabulary size unreachable.
-    """
-    data = config.data
-    train_corpus = load_split(data, data.train_split)
-    valid_corpus = load_split(data, data.valid_split)
-    logger.info("train: %d pairs from %s", len(train_corpus), train_corpus.origin)
-    logger.info("valid: %d pairs from %s", len(valid_corpus), valid_corpus.origin)
-    for src, tgt in list(zip(train_corpus.src, train_corpus.tgt))[:2]:
-        logger.info("example pair  %s: %s  ->  %s: %s", data.src_lang, src, data.tgt_lang, tgt)
-    tokenizer = Tokenizer.load(run_dir, data.src_lang, data.tgt_lang, data.joint_vocab)
-    if tokenizer is None:
-        tokenizer = train_tokenizer(train_corpus.src, train_corpus.tgt, data)
-        for path in tokenizer.save(run_dir, data.src_lang, data.tgt_lang):
-            logger.info("saved sentencepiece model %s", path)
-    else:
-        logger.info("reusing the sentencepiece model(s) in %s", run_dir)
-    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size,
-                                                                config.model.tgt_vocab_size):
-        raise ConfigError(f"data.vocab_size={data.vocab_size} but the sentencepiece model(s) in {run_dir} have "
-                          f"{tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} pieces; use a new --run-dir")
-    train = _encode(tokenizer, train_corpus.src, train_corpus.tgt)
-    kept = [i for i in range(len(train.src))
-            if 1 < len(train.src[i]) <= data.max_len and 0 < len(train.tgt[i]) < data.max_len]
-    n_dropped = len(train.src) - len(kept)
-    logger.info("dropped %d of %d training pairs that are empty or longer than data.max_len=%d tokens",
-                n_dropped, len(train.src), data.max_len)
-    if not kept:
-        raise DataError(f"{train_corpus.origin}: no training pair is left after dropping those longer than "
-                        f"data.max_len={data.max_len} tokens")
-    train = EncodedData([train.src[i] for i in kept], [train.tgt[i] for i in kept])
-    valid = _encode(tokenizer, valid_corpus.src, valid_corpus.tgt)
-    valid.references = valid_corpus.tgt
-    return tokenizer, train, valid
-
-
-def _encode(tokenizer: Tokenizer, src: list[str], tgt: list[str]) -> EncodedData:
-    return EncodedData(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
-
-
-def epoch_batches(data: EncodedData, config: Config, epoch: int) -> list[list[int]]:
-    """The batches (lists of example indices) of one epoch, fixed by the seed and the epoch number."""
-    return token_batches([len(s) for s in data.src], [len(t) + 1 for t in data.tgt],
-                         config.data.max_tokens_per_batch, config.training.seed, epoch, config.data.pool_factor)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -235,7 +172,7 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
 
 
 @torch.no_grad()
-def validate(model: Transformer, tokenizer: Tokenizer, valid: EncodedData, config: Config,
+def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, config: Config,
              device: torch.device) -> dict[str, Any]:
     """Validation loss and perplexity (teacher forcing) and BLEU/chrF of greedy decodes.
 
@@ -246,15 +183,16 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: EncodedData, confi
     total_loss = total_nll = 0.0
     n_tokens = 0
     loss_module = LossComputation(model, config.training.label_smoothing)
-    for indices in epoch_batches(valid, config, epoch=0):
-        batch = make_batch([valid.src[i] for i in indices], [valid.tgt[i] for i in indices], indices).to(device)
+    pairs = valid.pairs
+    for indices in epoch_batches(pairs, config, epoch=0):
+        batch = pairs.batch(indices).to(device)
         loss, nll = batch_loss(loss_module, batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
-    limit = config.data.valid_max_sentences or len(valid.src)
+    limit = config.data.valid_max_sentences or len(pairs)
     translator = Translator(model, tokenizer, config, device)
-    greedy = DecodingConfig(**{**config.decoding.__dict__, "beam_size": 1, "n_best": 1})
-    hyps = translator.decode_ids(list(valid.src[:limit]), greedy)
+    greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
+    hyps = translator.decode_ids([pairs.src(i).tolist() for i in range(limit)], greedy)
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
     scores = corpus_scores(texts, valid.references[:limit], config.data.tgt_lang)
     model.train()
@@ -395,8 +333,9 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     scaler: Optional[torch.amp.GradScaler]
     tokenizer: Tokenizer
-    train_data: EncodedData
-    valid_data: EncodedData
+    train_data: EncodedPairs
+    valid_data: Optional[ValidationSet]
+    """None on every process but rank 0."""
     config: Config
     run_dir: Path
     device: torch.device
@@ -433,13 +372,9 @@ def train(config: Config, run_dir: str | Path, resume: bool = False,
         raise ConfigError(f"--resume: no checkpoint {run_dir / 'checkpoints' / 'last.pt'} to resume from")
     dist = init_distributed()
     device = _setup(config, dist)
+    tokenizer, train_data, valid_data = prepare_data(config, run_dir, dist)
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer, train_data, valid_data = prepare_data(config, run_dir)  # trains the tokenizer once
         save_config(config, run_dir / "config.yaml")
-    dist.broadcast(None)  # the other processes wait for the tokenizer, then load it
-    if not dist.is_main:
-        tokenizer, train_data, valid_data = prepare_data(config, run_dir)
     model = Transformer(config.model).to(device)
     optimizer = build_optimizer(model, config.training, device)
     state = _restore(run_dir, model, optimizer, config, device, dist) if resume else TrainState()
@@ -450,7 +385,7 @@ def train(config: Config, run_dir: str | Path, resume: bool = False,
         module = torch.compile(module)
     scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
     logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
-                device, dist.world_size, len(train_data.src))
+                device, dist.world_size, len(train_data))
     metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None) if dist.is_main else None
     run = TrainingRun(model, module, optimizer, scaler, tokenizer, train_data, valid_data, config, run_dir, device,
                       dist, metrics)
@@ -460,7 +395,7 @@ def train(config: Config, run_dir: str | Path, resume: bool = False,
     return state
 
 
-def _next_update(run: TrainingRun, batches: list[list[int]], state: TrainState) -> Optional[list[list[int]]]:
+def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState) -> Optional[list[np.ndarray]]:
     """The batches of the next update over all processes, or None when the epoch's rest cannot give every
     process a batch (that short tail is skipped)."""
     size = run.config.training.accumulate_steps * run.dist.world_size
@@ -484,9 +419,9 @@ def _loop(run: TrainingRun, state: TrainState, stop: _StopRequest, bar: tqdm, st
             group = _next_update(run, batches, state)
             if group is None:
                 break
-            n_tokens = sum(len(data.tgt[i]) + 1 for g in group for i in g)  # over all processes
+            n_tokens = int(sum(data.tgt_lengths[g].sum() for g in group))  # over all processes
             mine = group[dist.rank::dist.world_size]  # this process's share
-            made = [make_batch([data.src[i] for i in g], [data.tgt[i] for i in g], g) for g in mine]
+            made = [data.batch(g) for g in mine]
             made = [(b.pin_memory() if pin else b).to(run.device) for b in made]
             set_lr(run.optimizer, learning_rate(state.step + 1, t, run.config.model.d_model))
             result = train_step(run.module, run.optimizer, made, run.config, n_tokens, dist.world_size, run.scaler)

@@ -1,0 +1,181 @@
+"""The one text reader: every text file the project reads (training and validation corpora, evaluation sources and
+references, translation input, stdin) goes through `LineReader` or `split_lines`, with the same rules.
+
+Rules, in the order they apply:
+- The file is UTF-8, plain or gzip-compressed (chosen by the `.gz` suffix).
+- A UTF-8 byte-order mark (EF BB BF) at the very start of the file is dropped (editors on Windows add it).
+- A line ends at "\\n" only — never at U+2028, U+0085 or the other characters `str.splitlines` treats as line
+  breaks — so that the two sides of a parallel corpus stay aligned.
+- "\\r\\n" endings: the "\\r" before the "\\n" is dropped; a "\\r" anywhere else is kept.
+- A last line without "\\n" is a line; an empty file has no lines.
+- Invalid UTF-8 or a NUL byte: `DataError` naming the file and the 1-based line (a NUL byte means a binary or
+  corrupt file, and sentencepiece would silently cut the sentence there).
+
+The reader streams: `LineReader.read(n)` decodes blocks of a few MB at a time, so a corpus of any size is read in
+bounded memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import BinaryIO, Optional
+
+
+class DataError(ValueError):
+    """A corpus file is missing, empty, unreadable or misaligned, or a language is not in the source."""
+
+
+_BOM = "\ufeff"
+
+
+def decode_lines(block: bytes, name: str, first_line: int = 1, at_file_start: bool = True) -> list[str]:
+    """Decode a block of complete lines (the block's last line needs no "\\n") by the rules above.
+
+    Args:
+        block: UTF-8 bytes; every "\\n" ends a line. An empty block is one empty line.
+        name: file name for messages.
+        first_line: 1-based number of the block's first line in the file.
+        at_file_start: the block starts the file (a byte-order mark is dropped).
+
+    Raises:
+        DataError: invalid UTF-8 or a NUL byte, naming `name` and the line.
+    """
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + block.count(b"\n", 0, err.start)
+        column = err.start - (block.rfind(b"\n", 0, err.start) + 1)
+        raise DataError(f"{name}, line {line}: not valid UTF-8 ({err.reason} at byte {column} of the line)") from None
+    if "\x00" in text:
+        line = first_line + text.count("\n", 0, text.index("\x00"))
+        raise DataError(f"{name}, line {line}: contains a NUL byte (a binary or corrupt file?)")
+    if at_file_start and text.startswith(_BOM):
+        text = text[1:]
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    return lines
+
+
+def split_lines(raw: bytes, name: str) -> list[str]:
+    """All lines of in-memory bytes (e.g. stdin), by the rules above."""
+    if not raw:
+        return []
+    return decode_lines(raw[:-1] if raw.endswith(b"\n") else raw, name)
+
+
+class LineReader:
+    """Lines of one text file, read incrementally by the rules above.
+
+    Args:
+        path: a plain or `.gz` UTF-8 file.
+        block_size: bytes read (decompressed) per block.
+
+    Raises:
+        DataError: the file is missing or unreadable (on creation), or holds text the rules refuse (on read).
+    """
+
+    def __init__(self, path: str | Path, block_size: int = 1 << 22) -> None:
+        self.path = Path(path)
+        self.name = str(path)
+        self.block_size = block_size
+        try:
+            self._raw: BinaryIO = open(self.path, "rb")
+        except FileNotFoundError:
+            raise DataError(f"{self.path}: file not found") from None
+        except OSError as err:
+            raise DataError(f"{self.path}: cannot read ({err})") from None
+        self._file: BinaryIO = gzip.GzipFile(fileobj=self._raw) if self.path.suffix == ".gz" else self._raw
+        self.size = self.path.stat().st_size
+        self._pending = b""
+        self._lines: list[str] = []
+        self._pos = 0
+        self._decoded = 0  # lines decoded so far
+        self.lines_read = 0
+        """Lines returned so far."""
+        self._eof = False
+
+    @property
+    def bytes_read(self) -> int:
+        """Position in the file on disk (compressed bytes for .gz), for progress bars."""
+        return self._raw.tell()
+
+    def _fill(self) -> None:
+        try:
+            block = self._file.read(self.block_size)
+        except (OSError, EOFError) as err:
+            raise DataError(f"{self.path}: cannot read ({err})") from None
+        at_start = self._decoded == 0 and not self._pending
+        if not block:
+            self._eof = True
+            if self._pending:
+                self._append(decode_lines(self._pending, self.name, self._decoded + 1, at_start))
+                self._pending = b""
+            return
+        data = self._pending + block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._pending = data
+            return
+        self._pending = data[cut + 1:]
+        self._append(decode_lines(data[:cut], self.name, self._decoded + 1, at_start))
+
+    def _append(self, lines: list[str]) -> None:
+        if self._pos:
+            del self._lines[:self._pos]
+            self._pos = 0
+        self._lines.extend(lines)
+        self._decoded += len(lines)
+
+    def read(self, n: int) -> list[str]:
+        """The next `n` lines; fewer only at the end of the file."""
+        while len(self._lines) - self._pos < n and not self._eof:
+            self._fill()
+        out = self._lines[self._pos:self._pos + n]
+        self._pos += len(out)
+        self.lines_read += len(out)
+        return out
+
+    def read_all(self) -> list[str]:
+        lines: list[str] = []
+        while chunk := self.read(1 << 20):
+            lines.extend(chunk)
+        return lines
+
+    def close(self) -> None:
+        self._file.close()
+        self._raw.close()
+
+    def __enter__(self) -> "LineReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a text file (plain or .gz) by the rules above.
+
+    Raises:
+        DataError: missing file, invalid UTF-8 or a NUL byte (naming the file and line).
+    """
+    with LineReader(path) as reader:
+        return reader.read_all()
+
+
+def count_lines(path: str | Path, block_size: int = 1 << 24) -> int:
+    """Number of lines of a text file by the rules above, without decoding it (for sampling and progress)."""
+    path = Path(path)
+    opener: Optional[type] = gzip.open if path.suffix == ".gz" else open
+    n, last = 0, b"\n"
+    try:
+        with opener(path, "rb") as f:
+            while block := f.read(block_size):
+                n += block.count(b"\n")
+                last = block[-1:]
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, EOFError) as err:
+        raise DataError(f"{path}: cannot read ({err})") from None
+    return n + (last != b"\n")

@@ -1,0 +1,109 @@
+"""Data for a training run: the tokenizer (trained once per run directory), the training split's token cache, the
+validation set, and the batches of each epoch.
+
+Under torchrun: rank 0 trains (or reuses) the tokenizer and loads the validation set; then local rank 0 of every
+machine finds or builds the token cache while the other processes of that machine wait, then map it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..config import Config, ConfigError
+from ..data import EncodedPairs, get_token_cache, load_split, open_split, token_batches
+from ..tokenizer import Tokenizer, train_tokenizer
+from .distributed import Distributed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ValidationSet:
+    """The validation split, encoded in memory, with its raw references for BLEU."""
+
+    pairs: EncodedPairs
+    references: list[str]
+
+
+def prepare_tokenizer(config: Config, run_dir: Path) -> Tokenizer:
+    """The run's tokenizer: the one saved in run_dir, else one trained on a sample of the training split and saved.
+
+    The sample is `data.spm_max_sentences` sentences per model (see its docstring), drawn with training.seed.
+
+    Raises:
+        DataError: bad training files.
+        TokenizerError: vocabulary size unreachable.
+        ConfigError: the saved tokenizer's vocabulary size differs from data.vocab_size.
+    """
+    data = config.data
+    tokenizer = Tokenizer.load(run_dir, data.src_lang, data.tgt_lang, data.joint_vocab)
+    if tokenizer is None:
+        source = open_split(data, data.train_split)
+        n_pairs = len(source)
+        per_model = -(-data.spm_max_sentences // 2) if data.joint_vocab else data.spm_max_sentences
+        src, tgt = source.sample(per_model, config.training.seed)
+        logger.info("sentencepiece sample: %d of %d training pairs from %s%s", len(src), n_pairs, source.origin,
+                    f" (data.spm_max_sentences={data.spm_max_sentences})" if len(src) < n_pairs else "")
+        for s, t in list(zip(src, tgt))[:2]:
+            logger.info("example pair  %s: %s  ->  %s: %s", data.src_lang, s, data.tgt_lang, t)
+        tokenizer = train_tokenizer(src, tgt, data)
+        del src, tgt
+        for path in tokenizer.save(run_dir, data.src_lang, data.tgt_lang):
+            logger.info("saved sentencepiece model %s", path)
+    else:
+        logger.info("reusing the sentencepiece model(s) in %s", run_dir)
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size,
+                                                                config.model.tgt_vocab_size):
+        raise ConfigError(f"data.vocab_size={data.vocab_size} but the sentencepiece model(s) in {run_dir} have "
+                          f"{tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} pieces; use a new --run-dir")
+    return tokenizer
+
+
+def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
+    """The validation split, encoded (all pairs, none dropped).
+
+    Raises:
+        DataError: missing, misaligned or empty files.
+    """
+    corpus = load_split(config.data, config.data.valid_split)
+    logger.info("valid: %d pairs from %s", len(corpus), corpus.origin)
+    pairs = EncodedPairs.from_lists(tokenizer.encode_src(corpus.src), tokenizer.encode_tgt(corpus.tgt))
+    return ValidationSet(pairs, corpus.tgt)
+
+
+def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = None,
+                 ) -> tuple[Tokenizer, EncodedPairs, Optional[ValidationSet]]:
+    """Tokenizer, training pairs (memory-mapped token cache) and validation set of a run.
+
+    Every process calls this; the collectives inside order the work as the module docstring says.
+
+    Returns:
+        (tokenizer, train, valid); valid is None on every process but rank 0 (only rank 0 validates).
+
+    Raises:
+        ConfigError, DataError, TokenizerError, TokenCacheError: before any long work where possible.
+    """
+    dist = dist or Distributed()
+    tokenizer = valid = None
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer = prepare_tokenizer(config, run_dir)
+        valid = load_validation(config, tokenizer)
+    dist.broadcast(None)  # the others wait for the tokenizer
+    if not dist.is_main:
+        tokenizer = prepare_tokenizer(config, run_dir)
+    train = get_token_cache(config.data, config.data.train_split, tokenizer, build=dist.local_rank == 0)
+    logger.info("train: %d pairs (%d source + %d target tokens)", len(train), int(train.src_lengths.sum()),
+                int(train.tgt_lengths.sum()))
+    return tokenizer, train, valid
+
+
+def epoch_batches(pairs: EncodedPairs, config: Config, epoch: int) -> list[np.ndarray]:
+    """The batches (arrays of pair indices) of one epoch, fixed by training.seed and the epoch number."""
+    return token_batches(pairs.src_lengths, pairs.tgt_lengths, config.data.max_tokens_per_batch,
+                         config.training.seed, epoch, config.data.pool_factor)
