@@ -37,12 +37,19 @@ train: install
 	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS)
 	$(MAKE) --no-print-directory evaluate
 
-# Scores best.pt on the test split, greedy and with the config's beam search (beam 4, α 0.6).
+AVERAGE_LAST ?= 5
+
+# Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
+# config's beam search (beam 4, α 0.6).
 evaluate: install
-	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test --beam-size 1 \
-		--json $(RUN_DIR)/eval_test_greedy.json $(EVAL_SET_FLAGS)
-	$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/best.pt --split test \
-		--json $(RUN_DIR)/eval_test_beam.json $(EVAL_SET_FLAGS)
+	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
+		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
+	for ckpt in best avg_last$(AVERAGE_LAST); do \
+		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test --beam-size 1 \
+			--json $(RUN_DIR)/eval_test_$${ckpt}_greedy.json $(EVAL_SET_FLAGS) && \
+		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test \
+			--json $(RUN_DIR)/eval_test_$${ckpt}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
+	done
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt

@@ -90,6 +90,51 @@ def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
     assert f"BLEU = {record['bleu']:.2f}" in result.stdout
 
 
+def test_evaluate_several_references_as_sacrebleu_scores_them(trained_run, multi30k_subset, tmp_path):
+    import gzip
+
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    src = tmp_path / "src.de"
+    src.write_text(gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read())
+    ref1 = tmp_path / "ref1.en"
+    ref1.write_text(gzip.open(multi30k_subset / "test_2016_flickr.en.gz", "rt").read())
+    lines = ref1.read_text().split("\n")[:-1]
+    ref2 = tmp_path / "ref2.en"  # a second reference: the model's own greedy output for the first 50 lines
+    greedy = run_cli("translate", "--checkpoint", ckpt, "--beam-size", "1", "--input", str(src)).stdout.split("\n")
+    ref2.write_text("".join(line + "\n" for line in greedy[:50] + lines[50:]))
+    out = tmp_path / "multi.json"
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(ref1), str(ref2),
+                     "--beam-size", "1", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    hyp_path = record["hypotheses"]
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref1), str(ref2), "-i", hyp_path, "-b", "-w", "6"],
+                         capture_output=True, text=True, timeout=120)
+    assert f"{record['bleu']:.6f}" == cli.stdout.strip()
+    assert "nrefs:2|" in record["bleu_signature"]
+    one_ref = sacrebleu.corpus_bleu(Path(hyp_path).read_text().split("\n")[:-1], [lines]).score
+    assert record["bleu"] > one_ref  # the second reference counts
+    short = tmp_path / "short.en"
+    short.write_text("\n".join(lines[:40]) + "\n")
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(ref1), str(short))
+    assert result.returncode == 2 and f"reference {short} has 40 lines but the source {src} has 100" in result.stderr
+
+
+def test_min_len_flag_and_no_n_best_on_evaluate(trained_run, tmp_path):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    sentences = ["Ein Hund läuft.", "Zwei Männer.", "Eine Frau singt.", "Kinder spielen.", "Ein Mann."]
+    flags = ["--checkpoint", ckpt, "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "60"]
+    plain = run_cli("translate", *flags, *sentences).stdout.split("\n")[:-1]
+    forced = run_cli("translate", *flags, "--min-len", "40", *sentences)
+    assert forced.returncode == 0, forced.stderr
+    ended = [i for i, line in enumerate(plain) if len(line.split()) < 20]  # outputs that stopped at eos early
+    assert ended, plain
+    for i in ended:  # eos was held back for 40 tokens
+        assert len(forced.stdout.split("\n")[i].split()) > len(plain[i].split()), (plain[i], forced.stdout)
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--split", "test", "--n-best", "2")
+    assert result.returncode == 2 and "unrecognized arguments: --n-best" in result.stderr
+
+
 def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
     bad = write_small_config(tmp_path, multi30k_subset, training={"warmup_step": 5})
     result = run_cli("train", "--config", str(bad))

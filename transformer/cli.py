@@ -1,4 +1,4 @@
-"""The `transformer` command: train, prepare, translate, evaluate, attention.
+"""The `transformer` command: train, prepare, average, translate, evaluate, attention.
 
 Each subcommand parses its arguments, calls one function, and maps user mistakes (bad config, bad data,
 bad checkpoint) to one line on stderr and exit status 2, with no traceback.
@@ -26,11 +26,14 @@ logger = logging.getLogger("transformer")
 USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError)
 
 
-def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
     group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
     group.add_argument("--beam-size", type=int, help="beam size; 1 is greedy decoding")
     group.add_argument("--length-penalty", type=float, help="α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
-    group.add_argument("--n-best", type=int, help="print this many hypotheses per input as 'index<TAB>score<TAB>text'")
+    if n_best:
+        group.add_argument("--n-best", type=int,
+                           help="print this many hypotheses per input as 'index<TAB>score<TAB>text'")
+    group.add_argument("--min-len", type=int, help="tokens that must come before eos may be produced")
     group.add_argument("--batch-size", type=int, help="sentences decoded together")
     group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
     group.add_argument("--max-len-b", type=int, help="see --max-len-a")
@@ -55,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value, as for train")
 
+    average = sub.add_parser("average", help="average the parameters of several checkpoints (§6.1)")
+    inputs = average.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average")
+    inputs.add_argument("--run-dir", help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run")
+    average.add_argument("--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)")
+    average.add_argument("--output", required=True, help="the averaged checkpoint (.pt)")
+
     translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
     translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
@@ -65,14 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
-    evaluate.add_argument("--ref", help="reference file, aligned with --src")
+    evaluate.add_argument("--ref", nargs="+", metavar="REF",
+                          help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
     evaluate.add_argument("--split", help="a split of the checkpoint's data section instead of --src/--ref: "
                           "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is")
     evaluate.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
                           help="override the checkpoint's data section for --split, e.g. --set data.path=DIR")
     evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
-    _add_decoding_flags(evaluate)
+    _add_decoding_flags(evaluate, n_best=False)  # BLEU scores the 1-best; n-best lists come from translate
 
     attention = sub.add_parser("attention", help="translate a sentence and plot (or dump) its attention weights")
     attention.add_argument("--checkpoint", required=True)
@@ -89,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _decoding_kwargs(args: argparse.Namespace) -> dict:
     return dict(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+                max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -127,6 +138,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_average(args: argparse.Namespace) -> int:
+    from .training.average import average_to_file, last_checkpoints
+
+    paths = args.checkpoints or last_checkpoints(args.run_dir, args.last)
+    averaged = average_to_file(paths, args.output)
+    print(f"wrote {args.output}: the average of {len(paths)} checkpoints ({', '.join(str(p) for p in paths)}); "
+          f"step {averaged['train_state'].get('step', '?')}")
+    return 0
+
+
 def _read_input(args: argparse.Namespace) -> list[str]:
     if args.sentences:
         return list(args.sentences)
@@ -156,8 +177,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split_files(args: argparse.Namespace) -> tuple[list[str], list[str], str, str]:
-    """Source lines, reference lines, target language, and a description of where they came from."""
+def _split_files(args: argparse.Namespace) -> tuple[list[str], list[list[str]], str, str]:
+    """Source lines, reference streams (one list of lines per reference file), target language, and a description
+    of where they came from."""
     state = load_checkpoint(args.checkpoint)
     raw = state["config"]
     for override in args.set:
@@ -170,13 +192,16 @@ def _split_files(args: argparse.Namespace) -> tuple[list[str], list[str], str, s
     if args.split:
         split = {"test": config.data.test_split, "valid": config.data.valid_split}.get(args.split, args.split)
         corpus = load_split(config.data, split)
-        return corpus.src, corpus.tgt, config.data.tgt_lang, corpus.origin
+        return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin
     if not (args.src and args.ref):
         raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
-    src, ref = read_lines(args.src), read_lines(args.ref)
-    if len(src) != len(ref):
-        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    return src, ref, config.data.tgt_lang, f"{args.src} + {args.ref}"
+    src = read_lines(args.src)
+    refs = []
+    for path in args.ref:
+        refs.append(read_lines(path))
+        if len(refs[-1]) != len(src):
+            raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {args.src} has {len(src)}")
+    return src, refs, config.data.tgt_lang, f"{args.src} + {' + '.join(args.ref)}"
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -220,8 +245,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     level = logging.DEBUG if args.verbose else (
         logging.INFO if args.command in ("train", "prepare") and not is_other_rank else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    commands = {"train": cmd_train, "prepare": cmd_prepare, "translate": cmd_translate, "evaluate": cmd_evaluate,
-                "attention": cmd_attention}
+    commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
+                "evaluate": cmd_evaluate, "attention": cmd_attention}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:

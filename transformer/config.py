@@ -223,7 +223,11 @@ class TrainingConfig:
     patience: int = 0
     """Stop when validation BLEU has not improved for this many validations (0: never)."""
     keep_last_checkpoints: int = 2
-    """Step checkpoints `checkpoints/step_N.pt` kept besides last.pt and best.pt (0: none)."""
+    """Step checkpoints `checkpoints/step_N.pt` kept besides last.pt and best.pt (0: none). They are written at every
+    validation and every save_every_steps updates; `transformer average` averages the last N of them."""
+    save_every_steps: int = 0
+    """Also write step_N.pt (and last.pt) every N updates between validations, e.g. for averaging (0: only at
+    validations)."""
     max_nonfinite_steps: int = 10
     """Stop after this many updates in a row with a non-finite loss or gradient."""
     precision: str = "fp32"
@@ -237,7 +241,7 @@ class TrainingConfig:
                      "max_nonfinite_steps"):
             value = getattr(self, name)
             _require(value > 0, f"training.{name}", f"must be a positive integer, got {value}")
-        for name in ("max_epochs", "patience", "keep_last_checkpoints", "threads"):
+        for name in ("max_epochs", "patience", "keep_last_checkpoints", "threads", "save_every_steps"):
             _require(getattr(self, name) >= 0, f"training.{name}", f"must be >= 0, got {getattr(self, name)}")
         _require(self.lr_scale > 0, "training.lr_scale", f"must be positive, got {self.lr_scale}")
         _require(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",

@@ -49,23 +49,27 @@ def bleu_tokenizer(tgt_lang: str) -> str:
     return name
 
 
-def corpus_scores(hypotheses: list[str], references: list[str], tgt_lang: str = "en",
+def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]], tgt_lang: str = "en",
                   tokenize: str | None = None) -> Scores:
-    """Corpus BLEU and chrF of detokenized hypotheses against one reference each.
+    """Corpus BLEU and chrF of detokenized hypotheses, as the sacrebleu command line scores them.
 
     Args:
-        hypotheses, references: detokenized sentences, aligned.
+        hypotheses: detokenized sentences.
+        references: one reference per hypothesis (a list of str), or several reference streams (a list of such
+            lists, e.g. one per reference file), each aligned with the hypotheses.
         tgt_lang: picks the BLEU tokenizer (see `bleu_tokenizer`) unless `tokenize` is given.
         tokenize: a sacrebleu tokenizer name, e.g. "13a", "zh", "intl".
 
     Raises:
-        ValueError: if the two lists differ in length.
+        ValueError: if a reference stream and the hypotheses differ in length.
     """
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    streams = [references] if not references or isinstance(references[0], str) else references
+    for i, stream in enumerate(streams):
+        if len(stream) != len(hypotheses):
+            raise ValueError(f"{len(hypotheses)} hypotheses but {len(stream)} references in stream {i + 1}")
     bleu = sacrebleu.BLEU(tokenize=tokenize or bleu_tokenizer(tgt_lang))
     chrf = sacrebleu.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
+    bleu_score = bleu.corpus_score(hypotheses, streams)
+    chrf_score = chrf.corpus_score(hypotheses, streams)
     return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()),
                   len(hypotheses))

@@ -23,12 +23,15 @@ NO_DROPOUT = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_laye
 
 def test_two_processes_equal_one_with_accumulation(tmp_path, multi30k_subset):
     config = write_small_config(tmp_path, multi30k_subset, **NO_DROPOUT)
-    env_flags = ["--set", "data.valid_max_sentences=10"]
+    env_flags = ["--set", "data.valid_max_sentences=10", "--set", f"data.cache_dir={tmp_path / 'cache'}"]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "ddp"),
                           *env_flags], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stderr
+    # One token cache, built once (by local rank 0; rank 1 waited and mapped it), nothing half-built left.
+    assert [p.name.split(".")[0] for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == ["train"]
+    assert two.stderr.count("token cache: kept") == 1
     single = load_config(config, ["data.valid_max_sentences=10", "training.accumulate_steps=2"])
     train(single, tmp_path / "one")
     a = load_checkpoint(tmp_path / "ddp" / "checkpoints" / "last.pt")

@@ -93,3 +93,17 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeyp
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train_records)
     last = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.pt")
     assert all(torch.isfinite(t).all() for t in last["model"].values())  # the last good weights
+
+
+def test_step_checkpoints_between_validations_for_averaging(tmp_path, tiny_config):
+    import dataclasses
+
+    config = dataclasses.replace(tiny_config, training=dataclasses.replace(
+        tiny_config.training, save_every_steps=4, keep_last_checkpoints=3))
+    train(config, tmp_path / "run")
+    folder = tmp_path / "run" / "checkpoints"
+    # Saves at 4, 8, 12, 16, validations at 15 and 20; the last 3 kept.
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_15.pt", "step_16.pt", "step_20.pt"]
+    assert load_checkpoint(folder / "step_16.pt")["train_state"]["step"] == 16
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "valid"] == [15, 20]  # saving is not validating

@@ -3,10 +3,12 @@
 A checkpoint is a dict of plain data and tensors only, loadable with `torch.load(weights_only=True)`:
 
     model        state_dict of the Transformer
-    config       the resolved config as a plain dict (`Config.to_dict()`), vocab sizes in `vocab_sizes`
+    config       the resolved config as a plain dict (`Config.to_dict()`)
+    vocab_sizes  [src_vocab_size, tgt_vocab_size]
     tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models
-    step, epoch, batch_in_epoch, best_bleu, evals_without_improvement   (training position)
-    optimizer    optimizer state_dict; rng: torch/python RNG states     (training checkpoints only)
+    train_state  the trainer's `TrainState` as a dict: step, epoch, batch_in_epoch, best_bleu, ... (position)
+    optimizer    optimizer state_dict                      (last.pt and step_N.pt only, not best.pt)
+    rng          {"torch", "python", "cuda"}: RNG states    (last.pt and step_N.pt only)
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Order of one update (the familiar one): set the learning rate → forward and ba
 The run directory holds:
     config.yaml                 the resolved config
     spm.model (or spm.{lang}.model)   the sentencepiece model(s)
-    checkpoints/last.pt, best.pt, step_N.pt (the last `keep_last_checkpoints`)
+    checkpoints/last.pt, best.pt, step_N.pt (the last `keep_last_checkpoints`, written at validations and every
+                                `save_every_steps`)
     metrics.jsonl               one JSON line per logged step ("train") and per validation ("valid")
 """
 
@@ -444,6 +445,11 @@ def _loop(run: TrainingRun, state: TrainState, stop: _StopRequest, bar: tqdm, st
                 if _validate_and_save(run, state):
                     return  # early stopping
                 window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
+            elif t.save_every_steps and state.step % t.save_every_steps == 0 and dist.is_main:
+                save_start = time.perf_counter()
+                save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
+                                         keep_step_checkpoint=True)
+                window_start += time.perf_counter() - save_start
             requested = stop.signal_name or (stop_at_step is not None and state.step >= stop_at_step)
             if dist.any(bool(requested), run.device) if dist.is_distributed else requested:
                 if dist.is_main:
