@@ -15,23 +15,21 @@ A last line {"summary": ...} gives the cache speed-up of each mode at each batch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
 import torch
 
-from transformer.config import DecodingConfig
 from transformer.data import load_split
 from transformer.translate import Translator
 
 
 def run(translator: Translator, src_ids: list, mode: str, use_cache: bool, batch_size: int) -> dict:
     beam_size = 1 if mode == "greedy" else int(mode.removeprefix("beam"))
-    options = DecodingConfig(**{**translator.config.decoding.__dict__, "beam_size": beam_size, "n_best": 1,
-                                "batch_size": batch_size})
-    translator.use_cache = use_cache
+    options = dataclasses.replace(translator.config.decoding, beam_size=beam_size, n_best=1, batch_size=batch_size)
     start = time.perf_counter()
-    hyps = translator.decode_ids(src_ids, options)
+    hyps = translator.decode_ids(src_ids, options, use_cache=use_cache)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(h[0].tokens) + h[0].finished for h in hyps)
     return {"mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),

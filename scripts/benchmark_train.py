@@ -8,8 +8,11 @@ It prepares the data exactly as `transformer train` does (tokenizer trained in a
 --run-dir holds one), runs `--warmup` updates, then times `--steps` updates of the real training step
 (`training.trainer.train_step`, batches in the recipe's order) and prints:
 
-    {"tgt_tokens_per_s", "src_tgt_tokens_per_s", "s_per_step", "tflops_per_s", "mfu_fp32", "mfu_bf16",
-     "matmul_gflops_fp32", "matmul_gflops_bf16", "mflop_per_tgt_token", "peak_rss_mb", ...}
+    {"precision", "threads", "steps", "tgt_tokens_per_s", "src_tgt_tokens_per_s", "s_per_step",
+     "tgt_tokens_per_step", "gflops_per_s", "mflop_per_tgt_token", "matmul_gflops_fp32", "matmul_gflops_bf16",
+     "mfu_fp32", "mfu_bf16", "peak_rss_mb", "parameters", "overrides"}
+
+`precision` is what the recipe's `training.precision` resolves to here (`auto`: see `transformer/device.py`).
 
 FLOPs are counted from the model's shapes, per sentence with its real lengths (ls source, lt target tokens,
 eos/bos included), as 2 FLOPs per multiply-add, and training = 3 x forward (backward is twice forward):
@@ -30,6 +33,7 @@ its overhead) and the N operators with the most self CPU time are printed after 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import tempfile
@@ -40,10 +44,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import Config, load_config
+from transformer.device import resolve_precision
 from transformer.model import Transformer
 from transformer.training.data import epoch_batches, prepare_data
+from transformer.training.loss import LossComputation
 from transformer.training.optim import build_optimizer, learning_rate, set_lr
-from transformer.training.trainer import LossComputation, train_step
+from transformer.training.trainer import train_step
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 4096, repeats: int = 5) -> float:
@@ -81,6 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = load_config(args.config, args.set)
+    precision, _ = resolve_precision(config.training.precision, torch.device("cpu"))
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, precision=precision))
     torch.manual_seed(config.training.seed)
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="bench_train_"))
     _, train, _ = prepare_data(config, run_dir)

@@ -13,7 +13,7 @@ PAD = 0
 def tiny_config(**changes) -> TransformerConfig:
     """A model small enough for exact checks in milliseconds."""
     sizes = dict(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                 n_decoder_layers=2, dropout=0.1, attention_dropout=0.1, max_positions=64, pad_id=PAD)
+                 n_decoder_layers=2, dropout=0.1, attention_dropout=0.1, max_positions=64)
     sizes.update(changes)
     return TransformerConfig(**sizes)
 

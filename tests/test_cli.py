@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sacrebleu
 
 from tests.conftest import write_small_config
@@ -64,6 +65,30 @@ def test_translate_arguments_stdin_and_files(trained_run, tmp_path):
     assert [r[0] for r in rows] == ["0", "0", "0"]
     scores = [float(r[1]) for r in rows]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_translate_and_evaluate_read_text_by_the_one_set_of_rules(trained_run, tmp_path, capsys):
+    """BOM and CRLF endings are tolerated alike in --input, stdin, --src and --ref; a NUL byte or invalid UTF-8
+    stops with the file and line."""
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    lines = ["Ein Hund läuft.", "Eine Frau singt."]
+    (tmp_path / "clean.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "bom_crlf.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    outputs = []
+    for name in ("clean.txt", "bom_crlf.txt"):
+        assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / name), "--beam-size", "1"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+    stdin = run_cli("translate", "--checkpoint", ckpt, "--beam-size", "1",
+                    stdin="\ufeff" + "\r\n".join(lines) + "\r\n")
+    assert stdin.stdout == outputs[0]
+    (tmp_path / "nul.txt").write_bytes(b"Ein Hund.\nEine\x00 Frau.\n")
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "nul.txt")]) == 2
+    assert "nul.txt" in (err := capsys.readouterr().err) and "line 2" in err
+    (tmp_path / "latin1.txt").write_bytes("Ein Hund.\nEine Frau l\xe4uft.\n".encode("latin-1"))
+    assert main(["evaluate", "--checkpoint", ckpt, "--src", str(tmp_path / "clean.txt"), "--ref",
+                 str(tmp_path / "latin1.txt")]) == 2
+    assert "latin1.txt" in (err := capsys.readouterr().err) and "line 2" in err
 
 
 def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
@@ -145,6 +170,31 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo")
     assert result.returncode == 2 and "missing.pt: checkpoint not found" in result.stderr
+
+
+def test_bad_device_and_evaluate_overrides_are_user_errors(trained_run, capsys):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    assert main(["translate", "--checkpoint", ckpt, "--device", "cuda:7", "Hallo"]) == 2
+    assert "device 'cuda:7' asked for, but CUDA is not available" in capsys.readouterr().err
+    assert main(["translate", "--checkpoint", ckpt, "--device", "tpu", "Hallo"]) == 2
+    assert "expected auto, cpu, cuda, cuda:N or mps" in capsys.readouterr().err
+    # --set for evaluate goes through the same parser as train's, with the checkpoint named in the message
+    assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--set", "training.max_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt} with --set training.max_steps=3" in err and "section among data" in err
+    assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--set", "data.max_len=-1"]) == 2
+    assert "data.max_len" in capsys.readouterr().err
+
+
+def test_a_bug_keeps_its_traceback(trained_run, monkeypatch):
+    from transformer.translate import Translator
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(Translator, "translate_n_best", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "Hallo"])
 
 
 def test_unreachable_vocabulary_size_names_the_largest_that_works(tmp_path):

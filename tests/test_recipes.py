@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from transformer.checkpoint import load_checkpoint
 from transformer.config import load_config
-from transformer.training.checkpoint import load_checkpoint
 from transformer.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """The Translator on a briefly trained Multi30k model: line discipline, batching invariance, hard inputs."""
 
+import dataclasses
 import gzip
 import logging
 import unicodedata
@@ -23,10 +24,8 @@ def test_lines(multi30k_subset):
 
 def test_same_outputs_and_scores_at_every_batch_size(translator, test_lines):
     runs = [translator.translate_n_best(test_lines, beam_size=5, n_best=1, batch_size=b) for b in (1, 7, 30)]
-    translator.config = translator.config.__class__(**{
-        **translator.config.__dict__,
-        "decoding": translator.config.decoding.__class__(**{**translator.config.decoding.__dict__,
-                                                           "max_tokens_per_batch": 120})})
+    translator.config = dataclasses.replace(
+        translator.config, decoding=dataclasses.replace(translator.config.decoding, max_tokens_per_batch=120))
     runs.append(translator.translate_n_best(test_lines, beam_size=5, n_best=1, batch_size=30))
     reference = runs[0]
     assert len(reference) == 30

@@ -1,7 +1,8 @@
 """The `transformer` command: train, prepare, average, translate, evaluate, attention.
 
-Each subcommand parses its arguments, calls one function, and maps user mistakes (bad config, bad data,
-bad checkpoint) to one line on stderr and exit status 2, with no traceback.
+Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
+decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-from .config import ConfigError, config_from_dict, load_config
+from .attention_plot import AttentionPlotError
+from .checkpoint import CheckpointError, load_for_inference
+from .config import Config, ConfigError, load_config, override_config
 from .data import DataError, load_split, read_lines, split_lines
+from .device import DeviceError, resolve_device
 from .tokenizer import TokenizerError
-from .training.checkpoint import CheckpointError, load_checkpoint
 
 logger = logging.getLogger("transformer")
 
-USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError)
+USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, DeviceError, AttentionPlotError)
 
 
 def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
@@ -119,7 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 1
     finally:
         shutdown_distributed()
-    if os.environ.get("RANK", "0") != "0":
+    if not args.is_main_process:
         return 0
     print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
           f"checkpoints in {run_dir / 'checkpoints'}")
@@ -177,22 +178,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split_files(args: argparse.Namespace) -> tuple[list[str], list[list[str]], str, str]:
+def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str], list[list[str]], str, str]:
     """Source lines, reference streams (one list of lines per reference file), target language, and a description
     of where they came from."""
-    state = load_checkpoint(args.checkpoint)
-    raw = state["config"]
-    for override in args.set:
-        key, _, value = override.partition("=")
-        section, _, name = key.partition(".")
-        if section != "data" or not name or not _:
-            raise ConfigError(f"--set {override!r}: expected data.KEY=VALUE")
-        raw["data"][name] = yaml.safe_load(value)
-    config = config_from_dict(raw, vocab_sizes=tuple(state["vocab_sizes"]))
     if args.split:
+        config = override_config(config, args.set, sections=("data",), source=str(args.checkpoint))
         split = {"test": config.data.test_split, "valid": config.data.valid_split}.get(args.split, args.split)
         corpus = load_split(config.data, split)
         return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin
+    if args.set:
+        raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
     if not (args.src and args.ref):
         raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
     src = read_lines(args.src)
@@ -208,8 +203,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import corpus_scores
     from .translate import Translator
 
-    src, refs, tgt_lang, origin = _split_files(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    device = resolve_device(args.device)
+    config, model, tokenizer = load_for_inference(args.checkpoint)
+    src, refs, tgt_lang, origin = _evaluation_data(args, config)
+    translator = Translator(model, tokenizer, config, device)
     hyps = translator.translate(src, **_decoding_kwargs(args))
     scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**_decoding_kwargs(args))
@@ -241,18 +238,15 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    is_other_rank = os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks for all
+    args.is_main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for all
     level = logging.DEBUG if args.verbose else (
-        logging.INFO if args.command in ("train", "prepare") and not is_other_rank else logging.WARNING)
+        logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
                 "evaluate": cmd_evaluate, "attention": cmd_attention}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # e.g. an unavailable --device, or a decoding option out of range
         if args.verbose:
             raise
         print(f"error: {err}", file=sys.stderr)

@@ -10,6 +10,7 @@ input longer than the model's max_positions is truncated with a warning (counted
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,20 +18,21 @@ from typing import Optional
 
 import torch
 
-from .config import EOS_ID, Config, DecodingConfig, config_from_dict
+from .checkpoint import load_for_inference
+from .config import EOS_ID, Config, DecodingConfig
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
 from .model import Transformer
 from .tokenizer import Tokenizer
-from .training.checkpoint import load_checkpoint
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class TranslationStats:
-    """Counts from the last `translate` call: sentences, truncated inputs, outputs cut at the length cap."""
+    """Counts of the last call (`translate`, `translate_n_best` or `decode_ids`) only: sentences, truncated
+    inputs, outputs cut at the length cap, output tokens (eos excluded)."""
 
     n_sentences: int = 0
     n_truncated: int = 0
@@ -55,8 +57,6 @@ class Translator:
         self.tokenizer = tokenizer
         self.config = config
         self.stats = TranslationStats()
-        self.use_cache = True
-        """Decode on the key/value cache (False recomputes every prefix: only for tests and benchmarks)."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu") -> "Translator":
@@ -64,14 +64,11 @@ class Translator:
 
         Raises:
             CheckpointError: the file is missing, corrupt or unsafe.
-            ValueError: the device is not available.
+            DeviceError: the device is not available.
         """
         resolved = resolve_device(device)
-        state = load_checkpoint(path, map_location="cpu")
-        config = config_from_dict(state["config"], vocab_sizes=tuple(state["vocab_sizes"]))
-        model = Transformer(config.model)
-        model.load_state_dict(state["model"])
-        return cls(model, Tokenizer.from_dict(state["tokenizer"]), config, resolved)
+        config, model, tokenizer = load_for_inference(path)
+        return cls(model, tokenizer, config, resolved)
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated.
@@ -83,7 +80,7 @@ class Translator:
         base = self.config.decoding
         if "beam_size" in values and "n_best" not in values:
             values["n_best"] = min(base.n_best, values["beam_size"])
-        return DecodingConfig(**{**base.__dict__, **values})
+        return dataclasses.replace(base, **values)
 
     def translate(self, sentences: list[str], beam_size: Optional[int] = None,
                   length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
@@ -111,12 +108,15 @@ class Translator:
         options = self.decoding_options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
                                         batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
                                         min_len=min_len)
-        hypotheses = self.decode_ids(self._encode(sentences), options)
+        src_ids, n_truncated = self._encode(sentences)
+        hypotheses = self.decode_ids(src_ids, options)
+        self.stats.n_truncated = n_truncated
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
-    def _encode(self, sentences: list[str]) -> list[Optional[list[int]]]:
-        """Source ids per sentence (None for empty input), truncated to max_positions with a warning."""
-        self.stats = TranslationStats(n_sentences=len(sentences))
+    def _encode(self, sentences: list[str]) -> tuple[list[Optional[list[int]]], int]:
+        """Source ids per sentence (None for empty input), truncated to max_positions with a warning; and the
+        number truncated."""
+        n_truncated = 0
         limit = self.model.config.max_positions
         out: list[Optional[list[int]]] = []
         texts = [s.strip() for s in sentences]
@@ -130,23 +130,31 @@ class Translator:
             if len(ids) > limit:
                 logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated",
                                i + 1, len(ids), limit)
-                self.stats.n_truncated += 1
+                n_truncated += 1
                 ids = ids[:limit - 1] + [EOS_ID]
             out.append(ids)
-        return out
+        return out, n_truncated
 
     @torch.no_grad()
-    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig) -> list[list[Hypothesis]]:
+    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig,
+                   use_cache: bool = True) -> list[list[Hypothesis]]:
         """Decode source id sequences in batches of similar length; None inputs give one empty hypothesis.
+
+        Args:
+            src_ids: per sentence, source ids ending in eos (or None for an empty input).
+            options: decoding settings (see `decoding_options`).
+            use_cache: decode on the key/value cache (False recomputes every prefix, as `benchmark_decode.py`
+                does to measure what the cache saves).
 
         Returns:
             Per input, `options.n_best` hypotheses, best first.
         """
+        self.stats = TranslationStats(n_sentences=len(src_ids))
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
         order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
         for chunk in _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options):
             batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
-            for i, hyps in zip(chunk, self._decode_batch(batch.src, batch.src_key_padding_mask, options)):
+            for i, hyps in zip(chunk, self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache)):
                 results[i] = hyps
         for hyps in results:
             self.stats.n_hit_max_len += not hyps[0].finished
@@ -157,13 +165,14 @@ class Translator:
                            options.max_len_a, options.max_len_b)
         return results
 
-    def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig) -> list[list[Hypothesis]]:
+    def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
+                      use_cache: bool) -> list[list[Hypothesis]]:
         if options.beam_size == 1:
             hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len,
-                                 use_cache=self.use_cache)
+                                 use_cache=use_cache)
             return [[h] for h in hyps]
         return beam_search(self.model, src, mask, options.beam_size, options.length_penalty, options.n_best,
-                           options.max_len_a, options.max_len_b, options.min_len, use_cache=self.use_cache)
+                           options.max_len_a, options.max_len_b, options.min_len, use_cache=use_cache)
 
 
 def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:

@@ -4,9 +4,9 @@ import re
 
 import torch
 
+from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.training.average import average_checkpoints, last_checkpoints
-from transformer.training.checkpoint import load_checkpoint, save_checkpoint
 from transformer.translate import Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau singt."]

@@ -4,8 +4,8 @@ import pickle
 import pytest
 import torch
 
-from transformer.training import checkpoint as ckpt
-from transformer.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from transformer import checkpoint as ckpt
+from transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 STATE = {"model": {"w": torch.ones(3)}, "config": {"model": {}}, "step": 5}
 
@@ -96,3 +96,37 @@ def test_checkpoint_saved_on_cuda_loads_on_cpu(tmp_path):
     loaded = load_checkpoint(path, map_location="cpu")
     assert loaded["model"]["w"].device.type == "cpu"
     assert torch.equal(loaded["model"]["w"], torch.ones(3))
+
+
+def _documented_keys() -> list[str]:
+    """The key names listed in training/checkpoint.py's module docstring (first word of each indented line)."""
+    import re
+
+    from transformer.training import checkpoint as fmt
+    block = fmt.__doc__.split("Every checkpoint is one dict")[1].split("Files in")[0]
+    return re.findall(r"^    (\w+)\s", block, flags=re.M)
+
+
+def test_written_keys_are_the_documented_ones(trained_run):
+    from transformer.training.checkpoint import CHECKPOINT_KEYS, TrainState
+
+    documented = _documented_keys()
+    assert documented == list(CHECKPOINT_KEYS)
+    folder = trained_run / "checkpoints"
+    assert sorted(load_checkpoint(folder / "last.pt")) == sorted(documented)
+    assert sorted(load_checkpoint(folder / "step_150.pt")) == sorted(documented)
+    assert sorted(load_checkpoint(folder / "best.pt")) == sorted(documented[:5])  # no optimizer, no RNG state
+    from dataclasses import fields
+    assert sorted(load_checkpoint(folder / "last.pt")["train_state"]) == sorted(f.name for f in fields(TrainState))
+
+
+def test_load_for_inference_rebuilds_config_model_and_tokenizer(trained_run, tmp_path):
+    from transformer.checkpoint import load_for_inference
+
+    config, model, tokenizer = load_for_inference(trained_run / "checkpoints" / "best.pt")
+    assert not model.training and config.model.src_vocab_size == tokenizer.src_vocab_size
+    state = load_checkpoint(trained_run / "checkpoints" / "best.pt")
+    state["model"].pop(next(iter(state["model"])))
+    save_checkpoint(state, tmp_path / "broken.pt")
+    with pytest.raises(CheckpointError, match="broken.pt: the weights do not fit"):
+        load_for_inference(tmp_path / "broken.pt")

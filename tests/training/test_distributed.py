@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import write_small_config
+from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, load_config
-from transformer.training.checkpoint import load_checkpoint
 from transformer.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

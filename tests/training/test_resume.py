@@ -1,6 +1,9 @@
 """Interrupted training resumes exactly; SIGINT saves and says how to resume; non-finite updates are skipped."""
 
+import dataclasses
 import json
+import logging
+import re
 import signal
 import subprocess
 import sys
@@ -11,9 +14,11 @@ import pytest
 import torch
 
 from tests.conftest import write_small_config
-from transformer.config import load_config
+from transformer.checkpoint import load_checkpoint, save_checkpoint
+from transformer.config import ConfigError, load_config, override_config
 from transformer.training import trainer
-from transformer.training.checkpoint import load_checkpoint
+from transformer.training.checkpoint import RESUME_MAY_CHANGE, check_resume_config
+from transformer.training.optim import learning_rate
 from transformer.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
 TINY = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1},
@@ -28,16 +33,36 @@ def tiny_config(tmp_path, multi30k_subset):
     return load_config(path, ["data.valid_max_sentences=20"])
 
 
+def interrupt_after(monkeypatch, n_updates: int) -> None:
+    """Send this process SIGINT during update `n_updates`, as a user's Ctrl-C would: the run finishes that update,
+    saves last.pt and raises TrainingInterrupted."""
+    real_step, calls = trainer.train_step, {"n": 0}
+
+    def step_then_interrupt(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n_updates:
+            signal.raise_signal(signal.SIGINT)
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", step_then_interrupt)
+
+
+def with_training(config, **changes):
+    return dataclasses.replace(config, training=dataclasses.replace(config.training, **changes))
+
+
 def _train_losses(run_dir: Path) -> list[float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines if json.loads(line)["type"] == "train"]
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config):
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch):
     # About 15 batches per epoch: the 20 steps cross an epoch boundary after the interruption at step 7.
     full = train(tiny_config, tmp_path / "full")
-    with pytest.raises(TrainingInterrupted, match="stopped at step 7"):
-        train(tiny_config, tmp_path / "resumed", stop_at_step=7)
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 7)
+        with pytest.raises(TrainingInterrupted, match="SIGINT: stopped at step 7"):
+            train(tiny_config, tmp_path / "resumed")
     resumed = train(tiny_config, tmp_path / "resumed", resume=True)
     assert full.epoch == resumed.epoch >= 1 and resumed.step == 20
     a = load_checkpoint(tmp_path / "full" / "checkpoints" / "last.pt")
@@ -83,8 +108,7 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeyp
         return (loss * float("nan"), nll) if calls["n"] in (3, 4) or calls["n"] >= 12 else (loss, nll)
 
     monkeypatch.setattr(trainer, "batch_loss", sometimes_nan)
-    config = tiny_config.__class__(**{**tiny_config.__dict__, "training": tiny_config.training.__class__(
-        **{**tiny_config.training.__dict__, "max_nonfinite_steps": 3, "eval_every_steps": 5})})
+    config = with_training(tiny_config, max_nonfinite_steps=3, eval_every_steps=5)
     with pytest.raises(NonFiniteLossError, match="3 updates in a row"):
         train(config, tmp_path / "nan")
     records = [json.loads(line) for line in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
@@ -96,10 +120,7 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeyp
 
 
 def test_step_checkpoints_between_validations_for_averaging(tmp_path, tiny_config):
-    import dataclasses
-
-    config = dataclasses.replace(tiny_config, training=dataclasses.replace(
-        tiny_config.training, save_every_steps=4, keep_last_checkpoints=3))
+    config = with_training(tiny_config, save_every_steps=4, keep_last_checkpoints=3)
     train(config, tmp_path / "run")
     folder = tmp_path / "run" / "checkpoints"
     # Saves at 4, 8, 12, 16, validations at 15 and 20; the last 3 kept.
@@ -107,3 +128,114 @@ def test_step_checkpoints_between_validations_for_averaging(tmp_path, tiny_confi
     assert load_checkpoint(folder / "step_16.pt")["train_state"]["step"] == 16
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["type"] == "valid"] == [15, 20]  # saving is not validating
+
+
+def test_precision_auto_is_resolved_once_and_kept_on_resume(tmp_path, tiny_config, monkeypatch):
+    from transformer import device as device_module
+    config = with_training(tiny_config, precision="auto")
+    fast_bf16 = {torch.float32: 2.0, torch.bfloat16: 1.0}
+    monkeypatch.setattr(device_module, "matmul_seconds", lambda dtype, device, **k: fast_bf16[dtype])
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 5)
+        with pytest.raises(TrainingInterrupted):
+            train(config, tmp_path / "run")
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert saved["train_state"]["precision"] == "bf16"
+    assert saved["config"]["training"]["precision"] == "bf16"  # what the run computed with
+    # the machine now measures bf16 as slow: the resumed run still computes in bf16, as it started
+    monkeypatch.setattr(device_module, "matmul_seconds", lambda dtype, device, **k: 1.0 / fast_bf16[dtype])
+    used = []
+    real_step = trainer.train_step
+    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: used.append(a[3].training.precision) or
+                        real_step(*a, **k))
+    train(config, tmp_path / "run", resume=True)
+    assert set(used) == {"bf16"}
+    fresh = train(config, tmp_path / "fresh")
+    assert fresh.precision == "fp32"
+
+
+# --------------------------------------------------------------------------------------------------
+# The resume contract (training/checkpoint.py): what may change on --resume, and what happens then
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stopped_run(tmp_path, tiny_config, monkeypatch):
+    """A run of the tiny config (linear schedule, 20 steps) interrupted after update 8."""
+    config = with_training(tiny_config, lr_schedule="linear", keep_last_checkpoints=5, save_every_steps=4)
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 8)
+        with pytest.raises(TrainingInterrupted):
+            train(config, tmp_path / "run")
+    return config, tmp_path / "run"
+
+
+@pytest.mark.parametrize("key, value", [("model.d_model", 64), ("training.lr_scale", 3.0),
+                                        ("training.seed", 99), ("data.max_tokens_per_batch", 4096),
+                                        ("training.accumulate_steps", 2), ("data.vocab_size", 400)])
+def test_resume_refuses_a_change_that_would_alter_the_run(stopped_run, key, value):
+    config, run_dir = stopped_run
+    section, name = key.split(".")
+    old = getattr(getattr(config, section), name)
+    changed = override_config(config, [f"{key}={value}"])
+    new = changed.to_dict()[section][name]
+    with pytest.raises(ConfigError, match=re.escape(f"{key} (checkpoint: {old!r}, now: {new!r})")):
+        train(changed, run_dir, resume=True)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"] == 8  # nothing touched
+
+
+def test_every_key_outside_the_contract_is_refused(stopped_run):
+    config, run_dir = stopped_run
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    flat = {f"{s}.{k}": v for s, values in config.to_dict().items() for k, v in values.items()}
+    allowed = [k for k in flat if k in RESUME_MAY_CHANGE or f"{k.split('.')[0]}.*" in RESUME_MAY_CHANGE]
+    assert "training.max_steps" in allowed and "model.d_model" not in allowed
+    for key in allowed:
+        value = flat[key]
+        new = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.05,
+               str: lambda v: {"cpu": "auto", "auto": "cpu", "fp32": "bf16", "bf16": "fp32"}.get(v, v)}
+        changed_value = new.get(type(value), lambda v: v)(value)
+        if value is None or changed_value == value:
+            continue
+        section, name = key.split(".")
+        changed = override_config(config, [f"{key}={json.dumps(changed_value)}"])
+        check_resume_config(saved, changed, run_dir)  # accepted (logs what happens)
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(stopped_run, caplog):
+    config, run_dir = stopped_run
+    longer = with_training(config, max_steps=30)
+    with caplog.at_level(logging.INFO):
+        state = train(longer, run_dir, resume=True)
+    assert state.step == 30
+    assert "training.max_steps changed from 20 to 30" in caplog.text
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+           if r["type"] == "train"}
+    d_model = config.model.d_model
+    assert lrs[5] == pytest.approx(learning_rate(5, config.training, d_model))  # before: the old schedule
+    for step in (10, 15, 25, 30):
+        assert lrs[step] == pytest.approx(learning_rate(step, longer.training, d_model))
+
+
+def test_resume_with_new_intervals_and_fewer_kept_checkpoints(stopped_run):
+    config, run_dir = stopped_run
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_4.pt", "step_8.pt"]
+    changed = with_training(config, eval_every_steps=6, save_every_steps=5, keep_last_checkpoints=2,
+                            log_every_steps=3)
+    train(changed, run_dir, resume=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "valid"] == [12, 18, 20]
+    assert [r["step"] for r in records if r["type"] == "train"] == [5, 9, 12, 15, 18]
+    # step checkpoints at validations (12, 18, 20) and every 5 updates (10, 15), pruned to the last 2
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_18.pt", "step_20.pt"]
+
+
+def test_resume_with_patience_counts_the_saved_validations(stopped_run, monkeypatch):
+    config, run_dir = stopped_run
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    saved["train_state"]["evals_without_improvement"] = 2
+    saved["train_state"]["best_bleu"] = 101.0  # no validation can improve on it
+    save_checkpoint(saved, run_dir / "checkpoints" / "last.pt")
+    state = train(with_training(config, patience=3, eval_every_steps=5), run_dir, resume=True)
+    assert state.step == 10 and state.evals_without_improvement == 3  # stopped at the first validation

@@ -195,7 +195,7 @@ def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, b
         beam_size: live hypotheses per sentence.
         length_penalty: α of the GNMT length penalty (0 disables it).
         n_best: hypotheses returned per sentence (<= beam_size).
-        max_len_a, max_len_b: length cap in decoding steps, max_len_a * src_len + max_len_b.
+        max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths` (the same for both).
         min_len: eos is not allowed before this many tokens.
         use_cache: decode one position per step on the key/value cache (True) or recompute the whole
             prefix at every step (False; for tests and benchmarks).

@@ -1,8 +1,6 @@
 """Batched greedy decoding on the key/value cache: each sentence stops at its own eos.
 
-Output length cap (shared with beam search): a sentence of src_len source tokens (eos included) gets at
-most `max_output_length(src_len) = floor(max_len_a * src_len + max_len_b)` target tokens before eos; a
-sentence that reaches it ends there, unfinished (`Hypothesis.finished` is False).
+The output length cap is defined once, by `max_output_lengths` below, and used by greedy and beam search alike.
 """
 
 from __future__ import annotations
@@ -33,10 +31,19 @@ class Hypothesis:
 
 
 def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
-    """Per sentence: floor(max_len_a * src_len + max_len_b), within [1, max_positions - 1] tokens.
+    """The output length cap of each sentence, in decoding steps (output tokens, eos counted).
+
+    For a sentence of src_len source tokens (eos included), max_len = floor(max_len_a * src_len + max_len_b),
+    clipped to [1, max_positions - 1]. Greedy and beam search run at most max_len steps for it: a hypothesis that
+    ends with eos within them has at most max_len - 1 tokens before its eos (`Hypothesis.finished` True); one that
+    has produced max_len tokens without eos is cut there (`finished` False, and `Translator.stats.n_hit_max_len`
+    counts it).
 
     Args:
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
+
+    Returns:
+        max_len per sentence (steps).
     """
     src_lengths = (~src_key_padding_mask).sum(1).tolist()
     return [max(1, min(max_positions - 1, int(max_len_a * n + max_len_b))) for n in src_lengths]
@@ -54,7 +61,7 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
         model: the Transformer (put in eval mode by the caller).
         src: `(batch, src_len)` LongTensor, padded with pad_id.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
-        max_len_a, max_len_b: output length cap, see the module docstring.
+        max_len_a, max_len_b: output length cap, see `max_output_lengths`.
         min_len: eos is not allowed before this many tokens.
         use_cache: decode one new position per step on the key/value cache (True) or rerun the decoder
             over the whole prefix at every step (False; for tests and benchmarks).

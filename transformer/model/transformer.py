@@ -14,7 +14,7 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from ..config import TransformerConfig
+from ..config import PAD_ID, TransformerConfig
 from .attention import KVCache, causal_mask, make_key_padding_mask
 from .layers import DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, TokenEmbedding
 
@@ -157,9 +157,9 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model, config.pad_id)
+        tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model, PAD_ID)
         src_embedding = (tgt_embedding if config.share_all_embeddings
-                         else TokenEmbedding(config.src_vocab_size, config.d_model, config.pad_id))
+                         else TokenEmbedding(config.src_vocab_size, config.d_model, PAD_ID))
         self.encoder = Encoder(config, src_embedding)
         self.decoder = Decoder(config, tgt_embedding)
         self.output_projection = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
@@ -170,7 +170,7 @@ class Transformer(nn.Module):
 
     def src_key_padding_mask(self, src: Tensor) -> Tensor:
         """`(batch, src_len)` bool padding mask of `src`, True at `pad_id`."""
-        return make_key_padding_mask(src, self.config.pad_id)
+        return make_key_padding_mask(src, PAD_ID)
 
     def encode(self, src: Tensor, src_key_padding_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder.

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def step_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -1,73 +1,186 @@
-"""Checkpoints: atomic save, safe load, and the contents that make a resume exact.
+"""The checkpoint format of a training run: what is saved, where, and how a run resumes from it.
 
-A checkpoint is a dict of plain data and tensors only, loadable with `torch.load(weights_only=True)`:
+Every checkpoint is one dict of plain data and tensors (written atomically by `transformer.checkpoint`):
 
     model        state_dict of the Transformer
-    config       the resolved config as a plain dict (`Config.to_dict()`)
+    config       the run's config as a plain dict (`Config.to_dict()`; `training.precision: auto` resolved)
     vocab_sizes  [src_vocab_size, tgt_vocab_size]
     tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models
-    train_state  the trainer's `TrainState` as a dict: step, epoch, batch_in_epoch, best_bleu, ... (position)
-    optimizer    optimizer state_dict                      (last.pt and step_N.pt only, not best.pt)
-    rng          {"torch", "python", "cuda"}: RNG states    (last.pt and step_N.pt only)
+    train_state  `TrainState` as a dict: the position (step, epoch, batch_in_epoch), best_bleu, counters
+    optimizer    optimizer state_dict                                  (last.pt and step_N.pt, not best.pt)
+    rng          {"torch", "python", "cuda"}: RNG states                (last.pt and step_N.pt, not best.pt)
+
+Files in `run_dir/checkpoints/`: `last.pt` (after every validation, every `save_every_steps`, and on SIGINT),
+`best.pt` (best validation BLEU so far; no optimizer or RNG state), `step_N.pt` (the last `keep_last_checkpoints`).
+
+The resume contract (`restore`): the keys in `RESUME_MAY_CHANGE` may differ between the checkpoint's config and the
+config given with --resume, each with the behaviour stated there (logged when it happens); any other difference is
+refused with the key and both values, because it would change the model, the data, the batch order or the
+optimisation that the run has followed so far.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
-import zipfile
+import logging
+import random
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..config import Config, ConfigError, config_from_dict
+from ..model import Transformer
+from ..tokenizer import Tokenizer
+from .distributed import Distributed
 
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupt, or holds more than plain data."""
+logger = logging.getLogger(__name__)
 
-
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically: a temporary file in the same folder, fsync, then rename.
-
-    A process killed while saving leaves the previous file at `path` intact.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+CHECKPOINT_KEYS = ("model", "config", "vocab_sizes", "tokenizer", "train_state", "optimizer", "rng")
+"""Top-level keys of last.pt and step_N.pt (best.pt has the first five)."""
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (`weights_only=True`: no pickled objects are executed).
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint so that `--resume` continues exactly."""
 
-    Args:
-        path: the `.pt` file.
-        map_location: device for the tensors; "cpu" loads a CUDA checkpoint on a machine without CUDA.
+    step: int = 0
+    """Optimizer updates done."""
+    epoch: int = 0
+    """Passes over the training data completed."""
+    batch_in_epoch: int = 0
+    """Batches of the current epoch's order already used."""
+    best_bleu: float = -1.0
+    evals_without_improvement: int = 0
+    nonfinite_in_a_row: int = 0
+    n_skipped_updates: int = 0
+    elapsed_s: float = 0.0
+    """Training wall time so far, across resumes (seconds)."""
+    window_loss: Any = 0.0
+    """Summed loss, NLL and token counts since the last log line (kept so that a resumed run logs the same)."""
+    window_nll: Any = 0.0
+    window_tokens: int = 0
+    window_src_tokens: int = 0
+    precision: str = ""
+    """The precision `training.precision: auto` resolved to at the start (kept on --resume; "" otherwise)."""
+
+
+def checkpoint_path(run_dir: str | Path, name: str = "last") -> Path:
+    """`run_dir/checkpoints/<name>.pt` (name: "last", "best" or "step_N")."""
+    return Path(run_dir) / "checkpoints" / f"{name}.pt"
+
+
+def checkpoint_state(model: Transformer, optimizer: Optional[torch.optim.Optimizer], tokenizer: Tokenizer,
+                     config: Config, state: TrainState) -> dict[str, Any]:
+    """The checkpoint dict (keys in the module docstring); without optimizer and RNG state if `optimizer` is None."""
+    out = {"model": model.state_dict(), "config": config.to_dict(),
+           "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
+           "tokenizer": tokenizer.to_dict(),
+           "train_state": {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in asdict(state).items()}}
+    if optimizer is not None:
+        out["optimizer"] = optimizer.state_dict()
+        out["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return out
+
+
+def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
+                             tokenizer: Tokenizer, config: Config, state: TrainState, is_best: bool = False,
+                             keep_step_checkpoint: bool = False) -> None:
+    """Write last.pt (and best.pt, step_N.pt), pruning step checkpoints beyond `keep_last_checkpoints`."""
+    full = checkpoint_state(model, optimizer, tokenizer, config, state)
+    save_checkpoint(full, checkpoint_path(run_dir, "last"))
+    if is_best:
+        save_checkpoint(checkpoint_state(model, None, tokenizer, config, state), checkpoint_path(run_dir, "best"))
+    keep = config.training.keep_last_checkpoints
+    if keep_step_checkpoint and keep > 0:
+        save_checkpoint(full, checkpoint_path(run_dir, f"step_{state.step}"))
+        folder = checkpoint_path(run_dir).parent
+        steps = sorted(folder.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+        for old in steps[:-keep]:
+            old.unlink()
+
+
+RESUME_MAY_CHANGE = {
+    "training.max_steps": "the run goes on to the new max_steps; the linear and cosine schedules are recomputed for "
+                          "it, so the learning rate continues on the new schedule from the resumed step (inverse_sqrt "
+                          "does not depend on max_steps)",
+    "training.max_epochs": "the run stops at the new epoch limit",
+    "training.eval_every_steps": "validation (and its checkpoints) at the multiples of the new interval",
+    "training.log_every_steps": "log lines at the multiples of the new interval",
+    "training.save_every_steps": "step checkpoints at the multiples of the new interval",
+    "training.patience": "early stopping compares the new patience with the saved count of validations "
+                         "without improvement",
+    "training.keep_last_checkpoints": "the next step checkpoint prunes step_N.pt files down to the new number",
+    "training.max_nonfinite_steps": "the new limit, counted from the saved count",
+    "training.threads": "the new number of CPU threads",
+    "training.device": "the run continues on the new device (optimizer state is moved there)",
+    "training.precision": "the new precision from the resumed step on (auto keeps what it resolved to at the start)",
+    "training.compile": "torch.compile on or off from the resumed step on",
+    "data.cache_dir": "the token cache is looked for (or rebuilt, with the same contents) in the new folder",
+    "data.valid_max_sentences": "validation BLEU on the new number of sentences (best_bleu so far was measured on "
+                                "the old number)",
+    "decoding.*": "decoding defaults of the checkpoints written from now on (validation decodes greedily)",
+}
+"""Config keys that may differ on --resume, with what happens then. Any other difference is refused."""
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    return {f"{section}.{key}": value for section, values in config.to_dict().items() for key, value in values.items()}
+
+
+def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> None:
+    """Apply the resume contract: log each allowed change, refuse any other.
 
     Raises:
-        CheckpointError: naming the file, if it is missing, truncated/corrupt, not a checkpoint of this
-            project, or holds pickled objects.
+        ConfigError: naming every refused key with the checkpoint's and the new value.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: refused to load: the file holds pickled Python objects, which "
-                              f"could run code (only tensors and plain data are allowed). {str(err)[:200]}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
+    before = _flat(config_from_dict(saved["config"], vocab_sizes=tuple(saved["vocab_sizes"])))
+    after = _flat(config)
+    refused = []
+    for key in sorted(after):
+        old, new = before.get(key), after[key]
+        if old == new or (key == "training.precision" and new == "auto"):
+            continue
+        rule = RESUME_MAY_CHANGE.get(key) or RESUME_MAY_CHANGE.get(key.split(".")[0] + ".*")
+        if rule is None:
+            refused.append(f"{key} (checkpoint: {old!r}, now: {new!r})")
+        else:
+            logger.info("resume: %s changed from %r to %r: %s", key, old, new, rule)
+    if refused:
+        raise ConfigError(f"{path}: --resume cannot change {'; '.join(refused)}: it would change the model, data, "
+                          "batch order or optimisation the run has followed. Resume with the checkpoint's values or "
+                          "start a new --run-dir. Keys that may change: "
+                          f"{', '.join(RESUME_MAY_CHANGE)}")
+
+
+def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, config: Config,
+            device: torch.device, dist: Distributed) -> TrainState:
+    """Load last.pt into model and optimizer, restore the RNG states, and return the saved `TrainState`.
+
+    Raises:
+        CheckpointError: last.pt is missing or corrupt.
+        ConfigError: the config differs from the checkpoint's in a key outside `RESUME_MAY_CHANGE`.
+    """
+    path = checkpoint_path(run_dir)
+    saved = load_checkpoint(path, map_location=device)
+    check_resume_config(saved, config, path)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    state = TrainState(**saved["train_state"])
+    if dist.is_distributed:  # one saved RNG state, several processes: derive one stream per process
+        torch.manual_seed(config.training.seed + 1_000_003 * state.step + dist.rank)
+        random.seed(config.training.seed + 1_000_003 * state.step + dist.rank)
+    else:
+        torch.set_rng_state(saved["rng"]["torch"].cpu())
+        random.setstate(_as_tuple(saved["rng"]["python"]))
+        if saved["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in saved["rng"]["cuda"]])
+    logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch,
+                state.batch_in_epoch)
     return state
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -18,7 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from ..config import PAD_ID
+from ..data import Batch
+from ..model import Transformer
 
 CHUNK_ROWS = 256
 """Rows of logits handled at a time: 256 x 8k vocabulary x 4 bytes = 8 MB of float32, about a CPU's L2 + L3 share."""
@@ -74,3 +78,35 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
         per-token value); only `loss` carries a gradient.
     """
     return _LabelSmoothedCrossEntropy.apply(logits, target, epsilon, pad_id)
+
+
+class LossComputation(nn.Module):
+    """The Transformer and its training loss as one module: what DistributedDataParallel and torch.compile wrap.
+
+    Logits are computed at every target position and the loss masks padding (selecting the real positions
+    first saves about as much as the selection costs, and needs a device sync on CUDA).
+
+    Args:
+        model: the Transformer.
+        label_smoothing: ε_ls.
+    """
+
+    def __init__(self, model: Transformer, label_smoothing: float) -> None:
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, src: Tensor, src_key_padding_mask: Tensor, tgt_in: Tensor,
+                tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+        """Args: src, src_key_padding_mask `(batch, src_len)`; tgt_in, tgt_out `(batch, tgt_len)`.
+
+        Returns:
+            Summed label-smoothed loss and summed NLL over the non-pad targets (scalars).
+        """
+        logits = self.model(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, tgt_vocab_size)
+        return label_smoothed_cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), self.label_smoothing, PAD_ID)
+
+
+def batch_loss(module: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Summed loss and NLL of one batch through a `LossComputation` (or its DDP/compiled wrapper)."""
+    return module(batch.src, batch.src_key_padding_mask, batch.tgt_in, batch.tgt_out)

@@ -1,27 +1,21 @@
-"""Configuration: dataclasses for the model, data, training and decoding, and the YAML loader.
+"""The configuration sections: one dataclass per section of a YAML recipe, with every default and its meaning.
 
-All defaults live here. A YAML recipe mirrors the dataclasses section by section::
+A YAML recipe mirrors the dataclasses section by section::
 
     model:    {d_model: 256, n_heads: 4, ...}      -> TransformerConfig (vocab sizes come from `data`)
     data:     {src_lang: de, tgt_lang: en, ...}    -> DataConfig
     training: {max_steps: 5000, ...}               -> TrainingConfig
     decoding: {beam_size: 4, ...}                  -> DecodingConfig
 
-`load_config(path, overrides)` validates everything at load time: an unknown key, a wrong type or a bad
-value raises `ConfigError` naming the key path, the file and what is allowed.
+Each dataclass checks its values when built (`ConfigError` naming the key path); reading YAML, type checks and
+`--set` overrides are in `loading.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -72,8 +66,6 @@ class TransformerConfig:
     """False: post-norm LayerNorm(x + Sublayer(x)) as in the paper; True: pre-norm with a final LayerNorm."""
     max_positions: int = 1024
     """Longest sequence (tokens) the positional encoding table covers."""
-    pad_id: int = 0
-    """Id of the padding token in both vocabularies."""
     tie_embeddings: bool = True
     """Share the decoder input embedding with the output projection (§3.4)."""
     share_all_embeddings: bool = False
@@ -92,8 +84,6 @@ class TransformerConfig:
             _require(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value!r}")
         _require(self.activation in ("relu", "gelu"), "model.activation",
                  f"must be 'relu' or 'gelu', got {self.activation!r}")
-        _require(0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size), "model.pad_id",
-                 f"must be a valid token id, got {self.pad_id}")
         if self.share_all_embeddings:
             _require(self.src_vocab_size == self.tgt_vocab_size, "model.share_all_embeddings",
                      "sharing source, target and output embeddings needs one joint vocabulary "
@@ -231,8 +221,10 @@ class TrainingConfig:
     max_nonfinite_steps: int = 10
     """Stop after this many updates in a row with a non-finite loss or gradient."""
     precision: str = "fp32"
-    """Forward/backward precision through torch.autocast: "fp32", "bf16" (CPU and CUDA) or "fp16" (CUDA only,
-    with a gradient scaler). Weights and optimizer state stay fp32."""
+    """Forward/backward precision through torch.autocast: "fp32", "bf16" (CPU and CUDA), "fp16" (CUDA only,
+    with a gradient scaler) or "auto" (bf16 where it is faster: on CUDA with bf16 support, and on a CPU whose
+    bf16 matmuls measure at least 1.25x fp32 ones; else fp32; the choice is logged and kept on --resume).
+    Weights and optimizer state stay fp32."""
     compile: bool = False
     """Wrap the training module with torch.compile."""
 
@@ -254,8 +246,8 @@ class TrainingConfig:
                  f"must be inverse_sqrt, linear or cosine, got {self.lr_schedule!r}")
         _require(self.lr_schedule == "inverse_sqrt" or self.warmup_steps < self.max_steps, "training.warmup_steps",
                  f"must be below training.max_steps ({self.max_steps}) for the {self.lr_schedule} schedule")
-        _require(self.precision in ("fp32", "bf16", "fp16"), "training.precision",
-                 f"must be fp32, bf16 or fp16, got {self.precision!r}")
+        _require(self.precision in ("fp32", "bf16", "fp16", "auto"), "training.precision",
+                 f"must be fp32, bf16, fp16 or auto, got {self.precision!r}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",
                  f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 
@@ -311,149 +303,9 @@ class Config:
         return out
 
 
-# Special ids, fixed for every tokenizer this project trains (see tokenizer.py).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading and validation
-# --------------------------------------------------------------------------------------------------
-
-_SECTIONS = {"model": TransformerConfig, "data": DataConfig, "training": TrainingConfig, "decoding": DecodingConfig}
 # Model fields that the tokenizer decides, not the YAML file.
-_DERIVED_MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size", "pad_id")
+_DERIVED_MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size")
 
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return str(tp).replace("typing.", "")
-    return "null" if tp is type(None) else tp.__name__
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`; int is accepted where float is expected."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(tp):
-            try:
-                return _coerce(value, option, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if tp is type(None):
-        _require(value is None, key, f"expected null, got {value!r}")
-        return None
-    if origin is tuple:
-        args = typing.get_args(tp)
-        _require(isinstance(value, (list, tuple)) and len(value) == len(args), key,
-                 f"expected a list of {len(args)} numbers, got {value!r}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
-    if origin is dict:
-        _require(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
-        return {str(k): _coerce(v, str, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        _require(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-                 f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        _require(isinstance(value, str), key, f"expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {tp!r} for {key}")
-
-
-def _section_kwargs(cls: type, values: Any, section: str) -> dict[str, Any]:
-    """Type-check one section's mapping against the fields of `cls`; returns the constructor kwargs."""
-    _require(isinstance(values, dict), section, f"expected a mapping of keys, got {values!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if not (section == "model" and f.name in _DERIVED_MODEL_KEYS)]
-    kwargs = {}
-    for key, value in values.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {section}.{close[0]}?" if close else f"; allowed: {', '.join(names)}"
-            raise ConfigError(f"{section}.{key}: unknown key{hint}")
-        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
-    return kwargs
-
-
-def _apply_override(raw: dict[str, Any], override: str) -> None:
-    """Apply one `section.key=value` override (value parsed as YAML) to the raw mapping."""
-    if "=" not in override:
-        raise ConfigError(f"--set {override!r}: expected the form section.key=value, e.g. training.max_steps=200")
-    dotted, text = override.split("=", 1)
-    parts = dotted.strip().split(".")
-    if len(parts) != 2 or parts[0] not in _SECTIONS:
-        raise ConfigError(f"--set {override!r}: the key must be section.key with a section among "
-                          f"{', '.join(_SECTIONS)}")
-    section = raw.setdefault(parts[0], {})
-    if section is None:
-        section = raw[parts[0]] = {}
-    section[parts[1]] = yaml.safe_load(text) if text.strip() else None
-
-
-def config_from_dict(raw: dict[str, Any], vocab_sizes: Optional[tuple[int, int]] = None) -> Config:
-    """Build and validate a `Config` from a plain mapping (a parsed YAML file or a checkpoint's copy).
-
-    Args:
-        raw: mapping with sections `model`, `data`, `training`, `decoding` (each optional but `data`).
-        vocab_sizes: (src_vocab_size, tgt_vocab_size); by default both are `data.vocab_size`.
-
-    Raises:
-        ConfigError: naming the key path of the first invalid, unknown or missing value.
-    """
-    _require(isinstance(raw, dict), "config", "the file must hold a mapping with sections "
-             f"{', '.join(_SECTIONS)}")
-    for key in raw:
-        if key not in _SECTIONS:
-            close = difflib.get_close_matches(str(key), list(_SECTIONS), n=1)
-            hint = f"did you mean {close[0]}?" if close else f"allowed sections: {', '.join(_SECTIONS)}"
-            raise ConfigError(f"{key}: unknown section; {hint}")
-    kwargs = {name: _section_kwargs(cls, raw.get(name) or {}, name) for name, cls in _SECTIONS.items()}
-    data = DataConfig(**kwargs["data"])
-    if vocab_sizes is None:
-        vocab_sizes = (data.vocab_size, data.vocab_size)
-    if kwargs["model"].get("share_all_embeddings") and not data.joint_vocab:
-        raise ConfigError("model.share_all_embeddings: sharing source, target and output embeddings needs one "
-                          "joint vocabulary; set data.joint_vocab: true, or keep only model.tie_embeddings "
-                          "(target embedding and output projection)")
-    model = TransformerConfig(src_vocab_size=vocab_sizes[0], tgt_vocab_size=vocab_sizes[1], pad_id=PAD_ID,
-                              **kwargs["model"])
-    return Config(model=model, data=data, training=TrainingConfig(**kwargs["training"]),
-                  decoding=DecodingConfig(**kwargs["decoding"]))
-
-
-def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Config:
-    """Read a YAML recipe, apply `section.key=value` overrides and validate the result.
-
-    Raises:
-        ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
-            the message starts with the file name (and the overrides, if any) and names the key path.
-    """
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    try:
-        for override in overrides:
-            _apply_override(raw, override)
-        return config_from_dict(raw)
-    except ConfigError as err:
-        source = f"{path} with --set {' '.join(overrides)}" if overrides else str(path)
-        raise ConfigError(f"{source}: {err}") from None
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML (what `load_config` reads back)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+# Special ids, fixed for every tokenizer this project trains (checked in tokenizer.py): the one definition that the
+# model (embeddings, padding masks), the loss, batching and decoding all use.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

@@ -1,0 +1,99 @@
+"""Checkpoint files: atomic save, safe load, and the loader the inference path uses.
+
+A checkpoint is a dict of plain data and tensors only, loadable with `torch.load(weights_only=True)`. Inference
+reads four of its keys (`load_for_inference`); the full list, and what training adds for an exact resume, is in
+`transformer/training/checkpoint.py`, which writes them:
+
+    model        state_dict of the Transformer
+    config       the resolved config as a plain dict (`Config.to_dict()`)
+    vocab_sizes  [src_vocab_size, tgt_vocab_size]
+    tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Config, config_from_dict
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt, or holds more than plain data."""
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write `state` to `path` atomically: a temporary file in the same folder, fsync, then rename.
+
+    A process killed while saving leaves the previous file at `path` intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (`weights_only=True`: no pickled objects are executed).
+
+    Args:
+        path: the `.pt` file.
+        map_location: device for the tensors; "cpu" loads a CUDA checkpoint on a machine without CUDA.
+
+    Raises:
+        CheckpointError: naming the file, if it is missing, truncated/corrupt, not a checkpoint of this
+            project, or holds pickled objects.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{path}: refused to load: the file holds pickled Python objects, which "
+                              f"could run code (only tensors and plain data are allowed). {str(err)[:200]}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
+    return state
+
+
+def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu"
+                       ) -> tuple[Config, Transformer, Tokenizer]:
+    """Rebuild what translation needs from one checkpoint: its config, the model (eval mode, on map_location)
+    and the tokenizer. Works for last.pt, best.pt, step_N.pt and averaged checkpoints alike.
+
+    Raises:
+        CheckpointError: the file is missing, corrupt, unsafe, or its weights do not fit its config.
+    """
+    state = load_checkpoint(path, map_location=map_location)
+    try:
+        config = config_from_dict(state["config"], vocab_sizes=tuple(state["vocab_sizes"]))
+        tokenizer = Tokenizer.from_dict(state["tokenizer"])
+    except KeyError as err:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no {err.args[0]!r})") from None
+    model = Transformer(config.model)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{path}: the weights do not fit the checkpoint's model config: "
+                              f"{str(err).splitlines()[0][:200]}") from None
+    return config, model.to(map_location).eval(), tokenizer

@@ -1,0 +1,19 @@
+"""Configuration: the sections of a recipe (`sections.py`: dataclasses, defaults, meanings) and reading one
+(`loading.py`: YAML, type checks, `--set` overrides)."""
+
+from .loading import config_from_dict, load_config, override_config, save_config
+from .sections import (
+                       BOS_ID,
+                       EOS_ID,
+                       PAD_ID,
+                       UNK_ID,
+                       Config,
+                       ConfigError,
+                       DataConfig,
+                       DecodingConfig,
+                       TrainingConfig,
+                       TransformerConfig,
+)
+
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Config", "ConfigError", "DataConfig", "DecodingConfig",
+           "TrainingConfig", "TransformerConfig", "config_from_dict", "load_config", "override_config", "save_config"]

@@ -1,0 +1,183 @@
+"""Reading a recipe: YAML in, validated `Config` out, with `section.key=value` overrides.
+
+`load_config(path, overrides)` validates everything at load time: an unknown key, a wrong type or a bad value
+raises `ConfigError` naming the key path, the file (and the overrides) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .sections import (
+    _DERIVED_MODEL_KEYS,
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodingConfig,
+    TrainingConfig,
+    TransformerConfig,
+    _require,
+)
+
+_SECTIONS = {"model": TransformerConfig, "data": DataConfig, "training": TrainingConfig, "decoding": DecodingConfig}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return "null" if tp is type(None) else tp.__name__
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; int is accepted where float is expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        _require(value is None, key, f"expected null, got {value!r}")
+        return None
+    if origin is tuple:
+        args = typing.get_args(tp)
+        _require(isinstance(value, (list, tuple)) and len(value) == len(args), key,
+                 f"expected a list of {len(args)} numbers, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
+    if origin is dict:
+        _require(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return {str(k): _coerce(v, str, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        _require(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+                 f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _require(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")
+
+
+def _section_kwargs(cls: type, values: Any, section: str) -> dict[str, Any]:
+    """Type-check one section's mapping against the fields of `cls`; returns the constructor kwargs."""
+    _require(isinstance(values, dict), section, f"expected a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if not (section == "model" and f.name in _DERIVED_MODEL_KEYS)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {section}.{close[0]}?" if close else f"; allowed: {', '.join(names)}"
+            raise ConfigError(f"{section}.{key}: unknown key{hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+    return kwargs
+
+
+def _apply_override(raw: dict[str, Any], override: str, sections: tuple[str, ...] = tuple(_SECTIONS)) -> None:
+    """Apply one `section.key=value` override (value parsed as YAML) to the raw mapping."""
+    if "=" not in override:
+        raise ConfigError(f"--set {override!r}: expected the form section.key=value, e.g. {sections[-1]}.KEY=VALUE")
+    dotted, text = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or parts[0] not in sections:
+        raise ConfigError(f"--set {override!r}: the key must be section.key with a section among "
+                          f"{', '.join(sections)}")
+    section = raw.setdefault(parts[0], {})
+    if section is None:
+        section = raw[parts[0]] = {}
+    section[parts[1]] = yaml.safe_load(text) if text.strip() else None
+
+
+def config_from_dict(raw: dict[str, Any], vocab_sizes: Optional[tuple[int, int]] = None) -> Config:
+    """Build and validate a `Config` from a plain mapping (a parsed YAML file or a checkpoint's copy).
+
+    Args:
+        raw: mapping with sections `model`, `data`, `training`, `decoding` (each optional but `data`).
+        vocab_sizes: (src_vocab_size, tgt_vocab_size); by default both are `data.vocab_size`.
+
+    Raises:
+        ConfigError: naming the key path of the first invalid, unknown or missing value.
+    """
+    _require(isinstance(raw, dict), "config", "the file must hold a mapping with sections "
+             f"{', '.join(_SECTIONS)}")
+    for key in raw:
+        if key not in _SECTIONS:
+            close = difflib.get_close_matches(str(key), list(_SECTIONS), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"allowed sections: {', '.join(_SECTIONS)}"
+            raise ConfigError(f"{key}: unknown section; {hint}")
+    kwargs = {name: _section_kwargs(cls, raw.get(name) or {}, name) for name, cls in _SECTIONS.items()}
+    data = DataConfig(**kwargs["data"])
+    if vocab_sizes is None:
+        vocab_sizes = (data.vocab_size, data.vocab_size)
+    if kwargs["model"].get("share_all_embeddings") and not data.joint_vocab:
+        raise ConfigError("model.share_all_embeddings: sharing source, target and output embeddings needs one "
+                          "joint vocabulary; set data.joint_vocab: true, or keep only model.tie_embeddings "
+                          "(target embedding and output projection)")
+    model = TransformerConfig(src_vocab_size=vocab_sizes[0], tgt_vocab_size=vocab_sizes[1], **kwargs["model"])
+    return Config(model=model, data=data, training=TrainingConfig(**kwargs["training"]),
+                  decoding=DecodingConfig(**kwargs["decoding"]))
+
+
+def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Config:
+    """Read a YAML recipe, apply `section.key=value` overrides and validate the result.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
+            the message starts with the file name (and the overrides, if any) and names the key path.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return _with_overrides(raw, overrides, tuple(_SECTIONS), str(path), None)
+
+
+def override_config(config: Config, overrides: tuple[str, ...] | list[str],
+                    sections: tuple[str, ...] = tuple(_SECTIONS), source: str = "config") -> Config:
+    """`config` with `section.key=value` overrides applied and validated, as `load_config` applies them.
+
+    Args:
+        sections: the sections that may be overridden (e.g. ("data",) for evaluating a checkpoint).
+        source: where `config` came from, for error messages (e.g. the checkpoint path).
+
+    Raises:
+        ConfigError: starting with the source and the overrides, naming the key path.
+    """
+    vocab_sizes = (config.model.src_vocab_size, config.model.tgt_vocab_size)
+    return _with_overrides(config.to_dict(), overrides, sections, source, vocab_sizes)
+
+
+def _with_overrides(raw: dict[str, Any], overrides: tuple[str, ...] | list[str], sections: tuple[str, ...],
+                    source: str, vocab_sizes: Optional[tuple[int, int]]) -> Config:
+    try:
+        for override in overrides:
+            _apply_override(raw, override, sections)
+        return config_from_dict(raw, vocab_sizes)
+    except ConfigError as err:
+        where = f"{source} with --set {' '.join(overrides)}" if overrides else source
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (what `load_config` reads back)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")

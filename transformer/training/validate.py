@@ -1,0 +1,67 @@
+"""Validation during training (loss, perplexity, greedy BLEU and chrF) and the run's metrics log."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..config import Config
+from ..evaluate import corpus_scores
+from ..model import Transformer
+from ..tokenizer import Tokenizer
+from ..translate import Translator
+from .data import ValidationSet, epoch_batches
+from .loss import LossComputation, batch_loss
+
+
+@torch.no_grad()
+def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, config: Config,
+             device: torch.device) -> dict[str, Any]:
+    """Validation loss and perplexity (teacher forcing) and BLEU/chrF of greedy decodes of the first
+    `data.valid_max_sentences` sentences (all if 0). Leaves the model in eval mode.
+
+    Returns:
+        {"loss", "nll", "ppl", "bleu", "chrf", "bleu_signature", "n_sentences"}: loss and nll per target token.
+    """
+    model.eval()
+    total_loss = total_nll = 0.0
+    n_tokens = 0
+    loss_module = LossComputation(model, config.training.label_smoothing)
+    pairs = valid.pairs
+    for indices in epoch_batches(pairs, config, epoch=0):
+        batch = pairs.batch(indices).to(device)
+        loss, nll = batch_loss(loss_module, batch)
+        total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
+        n_tokens += batch.n_tgt_tokens
+    limit = config.data.valid_max_sentences or len(pairs)
+    translator = Translator(model, tokenizer, config, device)
+    greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
+    hyps = translator.decode_ids([pairs.src(i).tolist() for i in range(limit)], greedy)
+    texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
+    scores = corpus_scores(texts, valid.references[:limit], config.data.tgt_lang)
+    return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "ppl": math.exp(min(total_nll / n_tokens, 50)),
+            "bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
+            "n_sentences": limit}
+
+
+class MetricsLog:
+    """Appends JSON lines to run_dir/metrics.jsonl ("train" records per log interval, "valid" per validation);
+    on resume, drops the lines past the resumed step (they are written again)."""
+
+    def __init__(self, path: Path, resume_step: Optional[int]) -> None:
+        self.path = path
+        if resume_step is not None and path.exists():
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            kept = [line for line in lines if json.loads(line).get("step", 0) <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+        elif resume_step is None:
+            path.write_text("")
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
