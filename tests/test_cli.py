@@ -1,5 +1,6 @@
 """End to end through the command line, on a few thousand real Multi30k pairs."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -228,3 +229,54 @@ def test_hf_dataset_direction_is_logged(tmp_path):
         "data_files": {"train": str(tmp_path / "train.jsonl"), "val": str(tmp_path / "val.jsonl")}})
     result = run_cli("train", "--config", str(bad), "--run-dir", str(tmp_path / "run2"))
     assert result.returncode == 2 and "translation column has languages en, ro, not de" in result.stderr
+
+
+def test_translate_streams_typed_lines_one_by_one(trained_run):
+    """One line in, its translation out while stdin is still open; then the next line."""
+    import select
+
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint",
+                                str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=Path(__file__).resolve().parents[1])
+
+    def translation_of(line: str) -> str:
+        process.stdin.write(line.encode() + b"\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 120)
+        assert ready, "no translation while stdin is open"
+        return process.stdout.readline().decode()
+
+    try:
+        first = translation_of("Ein Mann fährt Fahrrad.")
+        second = translation_of("Zwei Hunde spielen im Schnee.")
+        assert first.endswith("\n") and first.strip() and second.strip() and first != second
+    finally:
+        process.stdin.close()
+        process.wait(timeout=120)
+    assert process.returncode == 0, process.stderr.read().decode()
+    batch = run_cli("translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1",
+                    stdin="Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n")
+    assert batch.stdout == first + second  # the same as the whole input at once
+
+
+def test_translate_a_large_file_in_bounded_memory(trained_run, tmp_path):
+    """200,000 lines need no more memory than 2,000 (+ 200 MB): the input is read and written chunk by chunk."""
+    lines = gzip.open(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k" / "train.de.gz",
+                      "rt", encoding="utf-8").read().split("\n")[:29000]
+    peak = {}
+    for n in (2000, 200_000):
+        src = tmp_path / f"in{n}.de"
+        src.write_text("".join(lines[i % len(lines)] + "\n" for i in range(n)), encoding="utf-8")
+        code = ("import resource, sys; from transformer.cli import main; rc = main(sys.argv[1:]); "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+        result = subprocess.run([sys.executable, "-c", code, "translate", "--checkpoint",
+                                 str(trained_run / "checkpoints" / "best.pt"), "--input", str(src), "--output",
+                                 str(tmp_path / f"out{n}.en"), "--beam-size", "1", "--max-len-a", "0",
+                                 "--max-len-b", "2", "--batch-size", "250"],
+                                capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
+        assert result.returncode == 0, result.stderr
+        peak[n] = int(result.stdout.split()[-1]) / 1024  # MB
+        assert len((tmp_path / f"out{n}.en").read_text(encoding="utf-8").split("\n")) == n + 1
+        assert "translate" in result.stderr  # the progress bar (output is a file)
+    assert peak[200_000] <= peak[2000] + 200, peak

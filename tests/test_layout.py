@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
-INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
+INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate", "transformer.ct2",
                      "transformer.attention_plot", "transformer.decoding", "transformer.model"]
 
 

@@ -1,4 +1,4 @@
-"""The `transformer` command: train, prepare, average, translate, evaluate, attention.
+"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention.
 
 Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
@@ -12,19 +12,23 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
+from tqdm import tqdm
+
 from .attention_plot import AttentionPlotError
-from .checkpoint import CheckpointError, load_for_inference
+from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config, override_config
-from .data import DataError, load_split, read_lines, split_lines
-from .device import DeviceError, resolve_device
+from .ct2 import ExportError
+from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
+from .device import DeviceError
 from .tokenizer import TokenizerError
 
 logger = logging.getLogger("transformer")
 
-USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, DeviceError, AttentionPlotError)
+USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, DeviceError, AttentionPlotError, ExportError)
 
 
 def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
@@ -67,14 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", required=True, help="the averaged checkpoint (.pt)")
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
-    translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
+    translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt, or "
+                           "a folder written by `transformer export` (decoded with CTranslate2)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="write translations here (default: stdout)")
+    translate.add_argument("--buffer-size", type=int, default=1000,
+                           help="lines read, decoded (sorted by length) and written at a time (default 1000); "
+                                "typed input is translated line by line")
     _add_decoding_flags(translate)
 
     evaluate = sub.add_parser("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
-    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument("--ref", nargs="+", metavar="REF",
                           help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
@@ -85,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
     _add_decoding_flags(evaluate, n_best=False)  # BLEU scores the 1-best; n-best lists come from translate
+
+    export = sub.add_parser("export", help="convert a checkpoint for deployment (CTranslate2)")
+    export.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
+    export.add_argument("--format", default="ctranslate2", choices=["ctranslate2"])
+    export.add_argument("--output", required=True, help="the model folder to write")
+    export.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16", "bfloat16"],
+                        help="weight type (default float32)")
+    export.add_argument("--force", action="store_true", help="replace an existing output folder")
 
     attention = sub.add_parser("attention", help="translate a sentence and plot (or dump) its attention weights")
     attention.add_argument("--checkpoint", required=True)
@@ -149,33 +165,56 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_input(args: argparse.Namespace) -> list[str]:
+def _input_chunks(args: argparse.Namespace) -> Iterator[list[str]]:
+    """The input lines in chunks of at most --buffer-size: the arguments, then --input read incrementally (with a
+    progress bar on stderr when the output is not a terminal), or stdin as lines arrive."""
     if args.sentences:
-        return list(args.sentences)
+        yield list(args.sentences)
+        return
     if args.input:
-        return read_lines(args.input)
-    return split_lines(sys.stdin.buffer.read(), "<stdin>")
+        with LineReader(args.input) as reader:
+            show = bool(args.output) or not sys.stdout.isatty()
+            with tqdm(total=count_lines(args.input), unit="line", disable=not show, file=sys.stderr,
+                      desc="translate") as bar:
+                while chunk := reader.read(args.buffer_size):
+                    yield chunk
+                    bar.update(len(chunk))
+        return
+    reader = StreamLineReader(sys.stdin.buffer)
+    while chunk := reader.read_available(args.buffer_size):
+        yield chunk
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .translate import Translator
+    """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
+    flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
+    from .ct2 import open_translator
 
-    lines = _read_input(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    if args.buffer_size < 1:
+        raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
+    translator = open_translator(args.checkpoint, device=args.device)
     n_best = args.n_best or 1
-    results = translator.translate_n_best(lines, n_best=n_best, **_decoding_kwargs(args))
+    translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    index = 0
     try:
-        for index, hyps in enumerate(results):
-            if args.n_best:
-                for text, score in hyps:
-                    out.write(f"{index}\t{score:.4f}\t{text}\n")
-            else:
-                out.write(hyps[0][0] + "\n")
+        for lines in _input_chunks(args):
+            for hyps in translator.translate_n_best(lines, n_best=n_best, **_decoding_kwargs(args)):
+                if args.n_best:
+                    for text, score in hyps:
+                        out.write(f"{index}\t{score:.4f}\t{text}\n")
+                else:
+                    out.write(hyps[0][0] + "\n")
+                index += 1
+            out.flush()
     finally:
         if args.output:
             out.close()
     return 0
+
+
+EVALUATE_CHUNK = 2000
+"""Sentences `evaluate` decodes between progress-bar updates (sorted by length within each)."""
 
 
 def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str], list[list[str]], str, str]:
@@ -200,14 +239,16 @@ def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .ct2 import open_translator
     from .evaluate import corpus_scores
-    from .translate import Translator
 
-    device = resolve_device(args.device)
-    config, model, tokenizer = load_for_inference(args.checkpoint)
-    src, refs, tgt_lang, origin = _evaluation_data(args, config)
-    translator = Translator(model, tokenizer, config, device)
-    hyps = translator.translate(src, **_decoding_kwargs(args))
+    translator = open_translator(args.checkpoint, device=args.device)
+    src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)
+    hyps: list[str] = []
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+        for start in range(0, len(src), EVALUATE_CHUNK):
+            hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **_decoding_kwargs(args))
+            bar.update(min(EVALUATE_CHUNK, len(src) - start))
     scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**_decoding_kwargs(args))
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
@@ -227,6 +268,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .ct2 import export_ctranslate2
+
+    out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization, force=args.force)
+    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as "
+          f"`transformer translate --checkpoint {out}` or with ctranslate2.Translator")
+    return 0
+
+
 def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_plot import run
 
@@ -243,7 +293,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
-                "evaluate": cmd_evaluate, "attention": cmd_attention}
+                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:

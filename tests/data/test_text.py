@@ -68,3 +68,48 @@ def test_missing_and_corrupt_gzip(tmp_path):
     bad.write_bytes(gzip.compress(b"a\nb\n" * 1000)[:-30])
     with pytest.raises(DataError, match=r"bad\.gz: cannot read"):
         read_lines(bad)
+
+
+# --------------------------------------------------------------------------------------------------
+# StreamLineReader: stdin as it arrives
+# --------------------------------------------------------------------------------------------------
+
+
+def _pipe_reader():
+    import os
+
+    from transformer.data import StreamLineReader
+    read_fd, write_fd = os.pipe()
+    return StreamLineReader(os.fdopen(read_fd, "rb")), write_fd
+
+
+def test_stream_reader_returns_what_has_arrived_without_waiting_for_more():
+    import os
+
+    reader, w = _pipe_reader()
+    os.write(w, "\ufeffeins\r\nzwei\ndr".encode())
+    assert reader.read_available(10) == ["eins", "zwei"]  # "dr" is not a line yet: not waited for
+    os.write(w, b"ei\nvier\nfu")
+    assert reader.read_available(1) == ["drei"]  # at most n
+    assert reader.read_available(10) == ["vier"]
+    os.write(w, "\u00fcnf\n\nsechs".encode())
+    os.close(w)
+    assert reader.read_available(10) == ["fünf", "", "sechs"]  # a last line without "\n" at the end
+    assert reader.read_available(10) == []
+
+
+def test_stream_reader_applies_the_same_rules():
+    import os
+
+    reader, w = _pipe_reader()
+    os.write(w, b"gut\n\xef\xbb\xbfmitten\nkaputt \xff\n")
+    os.close(w)
+    with pytest.raises(DataError, match=r"<stdin>, line 3: not valid UTF-8"):
+        reader.read_available(10)
+    reader, w = _pipe_reader()
+    os.write(w, b"a\nb\n")
+    assert reader.read_available(10) == ["a", "b"]
+    os.write(w, b"c\x00\n")
+    os.close(w)
+    with pytest.raises(DataError, match=r"<stdin>, line 3: contains a NUL byte"):
+        reader.read_available(10)

@@ -1,5 +1,6 @@
 """The one text reader: every text file the project reads (training and validation corpora, evaluation sources and
-references, translation input, stdin) goes through `LineReader` or `split_lines`, with the same rules.
+references, translation input, stdin) goes through `LineReader`, `StreamLineReader` or `split_lines`, with the
+same rules.
 
 Rules, in the order they apply:
 - The file is UTF-8, plain or gzip-compressed (chosen by the `.gz` suffix).
@@ -18,6 +19,8 @@ bounded memory.
 from __future__ import annotations
 
 import gzip
+import os
+import select
 from pathlib import Path
 from typing import BinaryIO, Optional
 
@@ -63,6 +66,56 @@ def split_lines(raw: bytes, name: str) -> list[str]:
     if not raw:
         return []
     return decode_lines(raw[:-1] if raw.endswith(b"\n") else raw, name)
+
+
+class StreamLineReader:
+    """Lines of a stream that may still be being written (stdin: a pipe, a terminal), by the rules above.
+
+    `read_available(n)` waits for one complete line (or the end of the stream), then takes the further complete
+    lines that have already arrived, up to n, without waiting: typed input is translated line by line, piped input
+    in chunks. It reads the file descriptor directly (`os.read`, `select`), so nothing sits unseen in a buffer.
+
+    Args:
+        stream: a binary stream with a file descriptor (e.g. `sys.stdin.buffer`).
+        name: the name used in error messages.
+    """
+
+    def __init__(self, stream: BinaryIO, name: str = "<stdin>") -> None:
+        self.fd = stream.fileno()
+        self.name = name
+        self._buffer = b""
+        self._eof = False
+        self.lines_read = 0
+
+    def _read_more(self, wait: bool) -> bool:
+        """Read what the descriptor has (waiting for something if `wait`); False if nothing was there."""
+        if not wait and not select.select([self.fd], [], [], 0)[0]:
+            return False
+        block = os.read(self.fd, 1 << 16)
+        if not block:
+            self._eof = True
+        self._buffer += block
+        return True
+
+    def read_available(self, n: int) -> list[str]:
+        """At least one line unless the stream has ended, then at most n - 1 more that are already there."""
+        while b"\n" not in self._buffer and not self._eof:
+            self._read_more(wait=True)
+        while self._buffer.count(b"\n") < n and not self._eof and self._read_more(wait=False):
+            pass
+        parts = self._buffer.split(b"\n", n)
+        if len(parts) > n:
+            complete, self._buffer = parts[:n], parts[n]
+        else:
+            complete, self._buffer = parts[:-1], parts[-1]
+        if self._eof and self._buffer and len(complete) < n:  # a last line without "\n"
+            complete.append(self._buffer)
+            self._buffer = b""
+        if not complete:
+            return []
+        lines = decode_lines(b"\n".join(complete), self.name, self.lines_read + 1, self.lines_read == 0)
+        self.lines_read += len(lines)
+        return lines
 
 
 class LineReader:

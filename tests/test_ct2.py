@@ -1,0 +1,69 @@
+"""Export to CTranslate2 and decoding with it: the same translations as our decoder, from the same CLI."""
+
+import gzip
+import json
+
+import pytest
+import sacrebleu
+
+from transformer.cli import main
+
+ct2 = pytest.importorskip("ctranslate2")  # installed by `make install` (the [ct2] extra); CI runs these
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ct2") / "model"
+    assert main(["export", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--format", "ctranslate2",
+                 "--output", str(out)]) == 0
+    return out
+
+
+def test_export_writes_a_complete_model_folder(exported, trained_run, capsys):
+    for name in ("model.bin", "config.json", "spm.model", "transformer_nmt.json"):
+        assert (exported / name).is_file(), name
+    assert json.loads((exported / "config.json").read_text())["add_source_eos"] is True
+    assert main(["export", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--output",
+                 str(exported)]) == 2  # not overwritten without --force
+    assert "exists; use --force" in capsys.readouterr().err
+
+
+def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_subset):
+    from transformer.ct2 import CTranslate2Translator
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:100]
+    ref = gzip.open(multi30k_subset / "test_2016_flickr.en.gz", "rt", encoding="utf-8").read().split("\n")[:100]
+    ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    theirs = CTranslate2Translator(exported, threads=1)
+    for beam_size, max_bleu_gap in ((1, 0.1), (4, 0.2)):
+        a, b = ours.translate(src, beam_size=beam_size), theirs.translate(src, beam_size=beam_size)
+        bleu_a, bleu_b = (sacrebleu.corpus_bleu(h, [ref]).score for h in (a, b))
+        assert abs(bleu_a - bleu_b) <= max_bleu_gap, (beam_size, bleu_a, bleu_b)
+        if beam_size == 1:
+            assert sum(x == y for x, y in zip(a, b)) >= 0.99 * len(src)
+
+
+def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run, capsys):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
+    outputs = []
+    for model in (ckpt, str(exported)):
+        assert main(["translate", "--checkpoint", model, "--beam-size", "1", *sentences]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].split("\n")[1] == ""
+    assert main(["translate", "--checkpoint", str(exported), "--beam-size", "4", "--n-best", "2",
+                 "Ein Hund läuft."]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0"] and float(rows[0][1]) >= float(rows[1][1])
+    assert main(["evaluate", "--checkpoint", str(exported), "--split", "test"]) == 0
+    assert "BLEU = " in capsys.readouterr().out
+
+
+def test_int8_export_translates(trained_run, tmp_path, capsys):
+    out = tmp_path / "int8"
+    assert main(["export", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--output", str(out),
+                 "--quantization", "int8"]) == 0
+    assert json.loads((out / "transformer_nmt.json").read_text())["quantization"] == "int8"
+    assert main(["translate", "--checkpoint", str(out), "Ein Mann fährt Fahrrad."]) == 0
+    assert capsys.readouterr().out.strip()

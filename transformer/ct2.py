@@ -1,0 +1,226 @@
+"""Deployment through CTranslate2: export a checkpoint with CTranslate2's own converter API, and translate with it.
+
+    transformer export --checkpoint RUN/checkpoints/best.pt --format ctranslate2 --output RUN/ct2 [--quantization int8]
+    transformer translate --checkpoint RUN/ct2 "Ein Mann fährt Fahrrad."      # same flags and outputs
+
+The export builds a `ctranslate2.specs.TransformerSpec` (post- or pre-norm as trained, ReLU or GELU, embeddings
+scaled by sqrt(d_model), our sinusoidal table given explicitly because CTranslate2's built-in one orders sin and cos
+differently, fused Q/K/V as our `in_proj`, the tied output projection) and lets CTranslate2 validate, quantize and
+save it. Beside CTranslate2's `model.bin` and vocabularies go our sentencepiece model(s) and `transformer_nmt.json`
+(the checkpoint's config), so the folder is a complete model for `translate`, `evaluate` and other CTranslate2 users
+(`config.json` says add_source_eos: give it sentencepiece pieces).
+
+Decoding differences, none of which shows on ordinary sentences: CTranslate2's beam search divides scores by
+length^α where ours uses GNMT's ((5 + length) / 6)^α (§6.1 reference); its length cap is one number per batch, so
+a batch runs to the largest of its sentences' caps (max_len_a * src_len + max_len_b) and each output is then cut at
+its own (exact for greedy decoding; for beam search the cut hypothesis may rank differently). The parity test checks
+greedy output equal on ≥ 99% of test_2016_flickr lines and BLEU within 0.1 (beam 4: within 0.2).
+
+`ctranslate2` is an optional dependency: `pip install 'transformer-nmt[ct2]'` (`make install` includes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from .checkpoint import load_for_inference
+from .config import Config, ConfigError, DecodingConfig, config_from_dict
+from .tokenizer import Tokenizer
+
+METADATA = "transformer_nmt.json"
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
+
+
+class ExportError(ValueError):
+    """The model cannot be exported, or ctranslate2 is missing."""
+
+
+def _ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError("CTranslate2 is not installed: pip install 'transformer-nmt[ct2]' "
+                          "(or ctranslate2>=4.5)") from None
+    return ctranslate2
+
+
+def is_ctranslate2_dir(path: str | Path) -> bool:
+    """True for a folder written by `export_ctranslate2`."""
+    return Path(path).is_dir() and (Path(path) / "model.bin").is_file() and (Path(path) / METADATA).is_file()
+
+
+def _vocabulary(sp: Any) -> list[str]:
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    pieces[0] = "<blank>"  # CTranslate2's padding token (our pad id 0)
+    return pieces
+
+
+def _build_spec(config: Config, model: Any, tokenizer: Tokenizer) -> Any:
+    """The `TransformerSpec` of our model, weights filled in (as float32 numpy arrays)."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    m = config.model
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[m.activation]
+    spec = transformer_spec.TransformerSpec.from_config((m.n_encoder_layers, m.n_decoder_layers), m.n_heads,
+                                                        pre_norm=m.norm_first, activation=activation)
+    weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    d = m.d_model
+
+    def linear(target: Any, prefix: str, rows: Optional[slice] = None) -> None:
+        rows = rows or slice(None)
+        target.weight = weights[f"{prefix}.weight"][rows]
+        if f"{prefix}.bias" in weights:
+            target.bias = weights[f"{prefix}.bias"][rows]
+
+    def norm(target: Any, prefix: str) -> None:
+        target.gamma, target.beta = weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
+
+    def ffn(target: Any, prefix: str, norm_name: str) -> None:
+        norm(target.layer_norm, f"{prefix}.{norm_name}")
+        linear(target.linear_0, f"{prefix}.feed_forward.linear1")
+        linear(target.linear_1, f"{prefix}.feed_forward.linear2")
+
+    table = model.encoder.positional_encoding.table.float().cpu().numpy()
+    for side, stack in (("encoder", spec.encoder), ("decoder", spec.decoder)):
+        embedding = stack.embeddings[0] if side == "encoder" else stack.embeddings
+        embedding.weight = weights[f"{side}.embedding.embedding.weight"]
+        stack.scale_embeddings = True  # times sqrt(d_model), as TokenEmbedding does
+        stack.position_encodings.encodings = table
+        if m.norm_first:
+            norm(stack.layer_norm, f"{side}.final_norm")
+    for i, layer in enumerate(spec.encoder.layer):
+        prefix = f"encoder.layers.{i}"
+        linear(layer.self_attention.linear[0], f"{prefix}.self_attn.in_proj")
+        linear(layer.self_attention.linear[1], f"{prefix}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
+        ffn(layer.ffn, prefix, "norm2")
+    for i, layer in enumerate(spec.decoder.layer):
+        prefix = f"decoder.layers.{i}"
+        linear(layer.self_attention.linear[0], f"{prefix}.self_attn.in_proj")
+        linear(layer.self_attention.linear[1], f"{prefix}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
+        linear(layer.attention.linear[0], f"{prefix}.cross_attn.in_proj", slice(0, d))
+        linear(layer.attention.linear[1], f"{prefix}.cross_attn.in_proj", slice(d, 3 * d))
+        linear(layer.attention.linear[2], f"{prefix}.cross_attn.out_proj")
+        norm(layer.attention.layer_norm, f"{prefix}.norm2")
+        ffn(layer.ffn, prefix, "norm3")
+    linear(spec.decoder.projection, "output_projection")
+    spec.register_source_vocabulary(_vocabulary(tokenizer.src))
+    spec.register_target_vocabulary(_vocabulary(tokenizer.tgt))
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
+    return spec
+
+
+def export_ctranslate2(checkpoint: str | Path, output_dir: str | Path, quantization: Optional[str] = None,
+                       force: bool = False) -> Path:
+    """Convert a checkpoint to a CTranslate2 model folder (see the module docstring).
+
+    Args:
+        quantization: weight type, one of `QUANTIZATIONS` (None: float32).
+        force: replace an existing output folder.
+
+    Raises:
+        ExportError: ctranslate2 missing, a bad quantization, or the output folder exists without `force`.
+        CheckpointError: the checkpoint cannot be read.
+    """
+    ct2 = _ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not force:
+        raise ExportError(f"{output_dir} exists; use --force to replace it")
+    config, model, tokenizer = load_for_inference(checkpoint)
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    spec = _build_spec(config, model, tokenizer)
+
+    class _Converter(ct2.converters.Converter):
+        def _load(self) -> Any:
+            return spec
+
+    _Converter().convert(str(output_dir), quantization=quantization, force=True)
+    files = tokenizer.save(output_dir, config.data.src_lang, config.data.tgt_lang)
+    metadata = {"config": config.to_dict(), "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
+                "checkpoint": str(checkpoint), "quantization": quantization or "float32",
+                "sentencepiece": [f.name for f in files]}
+    (output_dir / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+    return output_dir
+
+
+class CTranslate2Translator:
+    """The `Translator` interface (`translate`, `translate_n_best`, `decoding_options`, `config`, `tokenizer`)
+    on an exported CTranslate2 model.
+
+    Args:
+        path: a folder written by `export_ctranslate2`.
+        device: "cpu" or "cuda" ("auto": cuda if CTranslate2 sees a GPU).
+        threads: CPU threads (0: CTranslate2's default).
+    """
+
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int = 0) -> None:
+        ct2 = _ctranslate2()
+        path = Path(path)
+        metadata = json.loads((path / METADATA).read_text())
+        self.config = config_from_dict(metadata["config"], vocab_sizes=tuple(metadata["vocab_sizes"]))
+        names = metadata["sentencepiece"]
+        protos = [(path / name).read_bytes() for name in names]
+        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+        if device == "auto":
+            device = "cuda" if ct2.get_cuda_device_count() else "cpu"
+        if device.split(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {device!r}: a CTranslate2 model runs on cpu or cuda")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        self.model = ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
+                                    intra_threads=threads)
+
+    def decoding_options(self, **overrides: Any) -> DecodingConfig:
+        """The config's decoding section with the given (non-None) overrides, validated."""
+        values = {k: v for k, v in overrides.items() if v is not None}
+        if "beam_size" in values and "n_best" not in values:
+            values["n_best"] = min(self.config.decoding.n_best, values["beam_size"])
+        return dataclasses.replace(self.config.decoding, **values)
+
+    def translate(self, sentences: list[str], **options: Any) -> list[str]:
+        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, **options)]
+
+    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None,
+                         **options: Any) -> list[list[tuple[str, float]]]:
+        """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output)."""
+        o = self.decoding_options(n_best=n_best, **options)
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] * o.n_best for _ in sentences]
+        texts = [s.strip() for s in sentences]
+        kept = [i for i, t in enumerate(texts) if t]
+        limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
+        pieces = {i: p[:limit] for i, p in zip(kept, self.tokenizer.src.encode([texts[i] for i in kept],
+                                                                               out_type=str))}
+        order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
+        for start in range(0, len(order), o.batch_size):
+            chunk = order[start:start + o.batch_size]
+            source = [pieces[i] for i in chunk]
+            caps = [max(1, min(limit, math.floor(o.max_len_a * (len(p) + 1) + o.max_len_b))) for p in source]
+            out = self.model.translate_batch(
+                source, beam_size=o.beam_size, length_penalty=o.length_penalty if o.beam_size > 1 else 0.0,
+                num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,
+                return_scores=True, max_batch_size=o.batch_size)
+            for i, cap, result in zip(chunk, caps, out):
+                # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
+                results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h[:cap]]), score)
+                              for h, score in zip(result.hypotheses, result.scores)]
+        return results
+
+
+def open_translator(checkpoint: str | Path, device: str = "cpu") -> Any:
+    """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder."""
+    if is_ctranslate2_dir(checkpoint):
+        return CTranslate2Translator(checkpoint, device=device)
+    from .translate import Translator
+    return Translator.from_checkpoint(checkpoint, device=device)
+
+
+__all__ = ["CTranslate2Translator", "ExportError", "export_ctranslate2", "is_ctranslate2_dir", "open_translator"]
