@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
-INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate", "transformer.ct2",
-                     "transformer.attention_plot", "transformer.decoding", "transformer.model"]
+INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
+                     "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model"]
 
 
 def test_the_inference_path_imports_nothing_from_training():
