@@ -1,8 +1,16 @@
-"""Decoding speed: greedy and beam search, with and without the key/value cache, at two batch sizes.
+"""Decoding speed: greedy and beam search, with and without the key/value cache, at two batch sizes, and side by
+side with CTranslate2.
 
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
+        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]]
+
+Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
+pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
+whatever their models say. With --ctranslate2 DIR (a folder from `transformer export`), the same modes run through
+`ctranslate2.Translator.translate_batch` on the same source pieces with the same threads, and the summary gives our
+speed over CTranslate2's per mode and batch size.
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:
@@ -18,22 +26,50 @@ import argparse
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from transformer.config import DecodingConfig
 from transformer.data import load_split
 from transformer.translate import Translator
 
 
+def mode_options(decoding: DecodingConfig, mode: str, batch_size: int) -> DecodingConfig:
+    """Decoding settings of a mode: beam size from "greedy"/"beamN"; "_fix20" forces 20 output pieces."""
+    name, _, fixed = mode.partition("_")
+    beam_size = 1 if name == "greedy" else int(name.removeprefix("beam"))
+    options = dataclasses.replace(decoding, beam_size=beam_size, n_best=1, batch_size=batch_size)
+    if fixed == "fix20":
+        options = dataclasses.replace(options, min_len=20, max_len_a=0.0, max_len_b=20)
+    return options
+
+
 def run(translator: Translator, src_ids: list, mode: str, use_cache: bool, batch_size: int) -> dict:
-    beam_size = 1 if mode == "greedy" else int(mode.removeprefix("beam"))
-    options = dataclasses.replace(translator.config.decoding, beam_size=beam_size, n_best=1, batch_size=batch_size)
+    options = mode_options(translator.config.decoding, mode, batch_size)
     start = time.perf_counter()
     hyps = translator.decode_ids(src_ids, options, use_cache=use_cache)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(h[0].tokens) + h[0].finished for h in hyps)
-    return {"mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),
+    return {"engine": "ours", "mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(src_ids) / seconds, 1),
+            "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads()}
+
+
+def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mode: str, batch_size: int) -> dict:
+    """The same mode through CTranslate2 (sorted longest first, as ours; tokenization excluded)."""
+    options = mode_options(decoding, mode, batch_size)
+    order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
+    cap = 20 if mode.endswith("_fix20") else max(int(options.max_len_a * (len(p) + 1) + options.max_len_b)
+                                                   for p in pieces)
+    start = time.perf_counter()
+    out = model.translate_batch([pieces[i] for i in order], beam_size=options.beam_size, max_batch_size=batch_size,
+                                length_penalty=options.length_penalty if options.beam_size > 1 else 0.0,
+                                max_decoding_length=cap, min_decoding_length=options.min_len)
+    seconds = time.perf_counter() - start
+    n_tokens = sum(len(r.hypotheses[0]) for r in out)
+    return {"engine": name, "mode": mode, "cache": True, "batch_size": batch_size, "sentences": len(pieces),
+            "seconds": round(seconds, 2), "sentences_per_s": round(len(pieces) / seconds, 1),
             "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads()}
 
 
@@ -45,6 +81,8 @@ def main() -> None:
     parser.add_argument("--modes", default="greedy,beam4")
     parser.add_argument("--batch-sizes", default="1,64")
     parser.add_argument("--no-uncached", action="store_true", help="skip the (slow) uncached runs")
+    parser.add_argument("--ctranslate2", action="append", default=[], metavar="DIR",
+                        help="also decode with this exported CTranslate2 model (repeatable, e.g. float32 and int8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     translator = Translator.from_checkpoint(args.checkpoint, device="cpu")
@@ -59,13 +97,35 @@ def main() -> None:
                 result = run(translator, src_ids, mode, use_cache, batch_size)
                 results.append(result)
                 print(json.dumps(result), flush=True)
-    speedups = {}
+    engines = []
+    if args.ctranslate2:
+        import ctranslate2
+
+        pieces = translator.tokenizer.src.encode(corpus.src[:args.sentences], out_type=str)
+        for folder in args.ctranslate2:
+            model = ctranslate2.Translator(folder, device="cpu", intra_threads=args.threads)
+            quantization = json.loads((Path(folder) / "transformer_nmt.json").read_text())["quantization"]
+            name = f"ctranslate2 {ctranslate2.__version__} {quantization}"
+            engines.append(name)
+            model.translate_batch(pieces[:16])  # warm-up
+            for mode in args.modes.split(","):
+                for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+                    result = run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size)
+                    results.append(result)
+                    print(json.dumps(result), flush=True)
+    speedups, ratios = {}, {}
     for r in results:
-        if not r["cache"]:
-            cached = next(c for c in results if c["cache"] and c["mode"] == r["mode"]
+        if r["engine"] in engines:
+            ours = next(c for c in results if c["engine"] == "ours" and c["cache"] and c["mode"] == r["mode"]
+                        and c["batch_size"] == r["batch_size"])
+            ratios[f"ours_over_{r['engine'].split()[-1]}_{r['mode']}_batch{r['batch_size']}"] = round(
+                r["seconds"] / ours["seconds"], 2)
+    for r in results:
+        if not r["cache"] and r["engine"] == "ours":
+            cached = next(c for c in results if c["engine"] == "ours" and c["cache"] and c["mode"] == r["mode"]
                           and c["batch_size"] == r["batch_size"])
             speedups[f"{r['mode']}_batch{r['batch_size']}"] = round(r["seconds"] / cached["seconds"], 2)
-    print(json.dumps({"summary": {"cache_speedup": speedups}}))
+    print(json.dumps({"summary": {"cache_speedup": speedups, "speed_ours_over_ctranslate2": ratios}}))
 
 
 if __name__ == "__main__":
