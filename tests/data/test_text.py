@@ -89,7 +89,7 @@ def test_stream_reader_returns_what_has_arrived_without_waiting_for_more():
     reader, w = _pipe_reader()
     os.write(w, "\ufeffeins\r\nzwei\ndr".encode())
     assert reader.read_available(10) == ["eins", "zwei"]  # "dr" is not a line yet: not waited for
-    os.write(w, b"ei\nvier\nfu")
+    os.write(w, b"ei\nvier\nf")
     assert reader.read_available(1) == ["drei"]  # at most n
     assert reader.read_available(10) == ["vier"]
     os.write(w, "\u00fcnf\n\nsechs".encode())

@@ -81,6 +81,7 @@ class StreamLineReader:
     """
 
     def __init__(self, stream: BinaryIO, name: str = "<stdin>") -> None:
+        self.stream = stream  # held: the descriptor closes with it
         self.fd = stream.fileno()
         self.name = name
         self._buffer = b""
