@@ -87,3 +87,20 @@ def test_saved_config_round_trips(tmp_path):
     save_config(config, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == config
     assert config_from_dict(config.to_dict()) == config
+
+
+def test_one_pad_id_for_model_loss_batching_and_decoding():
+    """The pad id is not a model setting that could disagree with the loss and the decoder: one constant."""
+    import dataclasses
+
+    import torch
+
+    from transformer.config import PAD_ID, TransformerConfig
+    from transformer.model import Transformer
+    assert "pad_id" not in {f.name for f in dataclasses.fields(TransformerConfig)}
+    with pytest.raises(TypeError):
+        TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, pad_id=5)
+    model = Transformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8, n_heads=2, d_ff=16,
+                                          n_encoder_layers=1, n_decoder_layers=1))
+    assert model.src_key_padding_mask(torch.tensor([[4, 5, PAD_ID]])).tolist() == [[False, False, True]]
+    assert torch.count_nonzero(model.encoder.embedding.embedding.weight[PAD_ID]) == 0
