@@ -32,6 +32,7 @@ import torch
 
 from transformer.config import DecodingConfig
 from transformer.data import load_split
+from transformer.decoding import max_output_length
 from transformer.translate import Translator
 
 
@@ -60,8 +61,7 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
     """The same mode through CTranslate2 (sorted longest first, as ours; tokenization excluded)."""
     options = mode_options(decoding, mode, batch_size)
     order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
-    cap = 20 if mode.endswith("_fix20") else max(int(options.max_len_a * (len(p) + 1) + options.max_len_b)
-                                                   for p in pieces)
+    cap = max(max_output_length(len(p) + 1, options.max_len_a, options.max_len_b, 1 << 30) for p in pieces)
     start = time.perf_counter()
     out = model.translate_batch([pieces[i] for i in order], beam_size=options.beam_size, max_batch_size=batch_size,
                                 length_penalty=options.length_penalty if options.beam_size > 1 else 0.0,

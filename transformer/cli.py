@@ -21,7 +21,7 @@ from tqdm import tqdm
 from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config, override_config
-from .ct2 import ExportError
+from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
 from .device import DeviceError
 from .tokenizer import TokenizerError
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
     export.add_argument("--format", default="ctranslate2", choices=["ctranslate2"])
     export.add_argument("--output", required=True, help="the model folder to write")
-    export.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16", "bfloat16"],
+    export.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="weight type (default float32)")
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
 

@@ -21,16 +21,16 @@ greedy output equal on ≥ 99% of test_2016_flickr lines and BLEU within 0.1 (be
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 from .checkpoint import load_for_inference
 from .config import Config, ConfigError, DecodingConfig, config_from_dict
+from .decoding import max_output_length
 from .tokenizer import Tokenizer
+from .translate import decoding_options
 
 METADATA = "transformer_nmt.json"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
@@ -180,11 +180,8 @@ class CTranslate2Translator:
                                     intra_threads=threads)
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
-        """The config's decoding section with the given (non-None) overrides, validated."""
-        values = {k: v for k, v in overrides.items() if v is not None}
-        if "beam_size" in values and "n_best" not in values:
-            values["n_best"] = min(self.config.decoding.n_best, values["beam_size"])
-        return dataclasses.replace(self.config.decoding, **values)
+        """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
+        return decoding_options(self.config.decoding, **overrides)
 
     def translate(self, sentences: list[str], **options: Any) -> list[str]:
         return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, **options)]
@@ -203,7 +200,8 @@ class CTranslate2Translator:
         for start in range(0, len(order), o.batch_size):
             chunk = order[start:start + o.batch_size]
             source = [pieces[i] for i in chunk]
-            caps = [max(1, min(limit, math.floor(o.max_len_a * (len(p) + 1) + o.max_len_b))) for p in source]
+            caps = [max_output_length(len(p) + 1, o.max_len_a, o.max_len_b, self.config.model.max_positions)
+                    for p in source]
             out = self.model.translate_batch(
                 source, beam_size=o.beam_size, length_penalty=o.length_penalty if o.beam_size > 1 else 0.0,
                 num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,

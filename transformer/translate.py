@@ -76,11 +76,7 @@ class Translator:
         Raises:
             ConfigError: an option out of range (e.g. n_best > beam_size).
         """
-        values = {k: v for k, v in overrides.items() if v is not None}
-        base = self.config.decoding
-        if "beam_size" in values and "n_best" not in values:
-            values["n_best"] = min(base.n_best, values["beam_size"])
-        return dataclasses.replace(base, **values)
+        return decoding_options(self.config.decoding, **overrides)
 
     def translate(self, sentences: list[str], beam_size: Optional[int] = None,
                   length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
@@ -173,6 +169,18 @@ class Translator:
             return [[h] for h in hyps]
         return beam_search(self.model, src, mask, options.beam_size, options.length_penalty, options.n_best,
                            options.max_len_a, options.max_len_b, options.min_len, use_cache=use_cache)
+
+
+def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:
+    """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it.
+
+    Raises:
+        ConfigError: an option out of range (e.g. n_best > beam_size).
+    """
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if "beam_size" in values and "n_best" not in values:
+        values["n_best"] = min(base.n_best, values["beam_size"])
+    return dataclasses.replace(base, **values)
 
 
 def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:

@@ -30,6 +30,12 @@ class Hypothesis:
     finished: bool
 
 
+def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positions: int) -> int:
+    """The output length cap of one sentence of src_len source tokens (eos included), in decoding steps; see
+    `max_output_lengths`."""
+    return max(1, min(max_positions - 1, int(max_len_a * src_len + max_len_b)))
+
+
 def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
     """The output length cap of each sentence, in decoding steps (output tokens, eos counted).
 
@@ -46,7 +52,7 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
         max_len per sentence (steps).
     """
     src_lengths = (~src_key_padding_mask).sum(1).tolist()
-    return [max(1, min(max_positions - 1, int(max_len_a * n + max_len_b))) for n in src_lengths]
+    return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
 
 
 @torch.no_grad()

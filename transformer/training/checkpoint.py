@@ -33,6 +33,7 @@ from ..checkpoint import load_checkpoint, save_checkpoint
 from ..config import Config, ConfigError, config_from_dict
 from ..model import Transformer
 from ..tokenizer import Tokenizer
+from .average import step_checkpoints
 from .distributed import Distributed
 
 logger = logging.getLogger(__name__)
@@ -96,9 +97,7 @@ def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch
     keep = config.training.keep_last_checkpoints
     if keep_step_checkpoint and keep > 0:
         save_checkpoint(full, checkpoint_path(run_dir, f"step_{state.step}"))
-        folder = checkpoint_path(run_dir).parent
-        steps = sorted(folder.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
-        for old in steps[:-keep]:
+        for old in step_checkpoints(run_dir)[:-keep]:
             old.unlink()
 
 
