@@ -15,17 +15,24 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install test lint train evaluate bench-decode bench-train clean
+.PHONY: install browser test lint train evaluate bench-decode bench-train bench-serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,viz,ct2]"
+	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed browser
+
+# Debian's Chromium, for the browser test of `transformer serve` (installed when run as root with apt-get).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "note: the browser test of 'transformer serve' needs Chromium: apt-get install -y chromium"; fi
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -53,6 +60,15 @@ evaluate: install
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt
+
+# Starts `transformer serve` on RUN_DIR's best.pt, runs the load test (8 clients, 400 requests) against it, stops it.
+SERVE_PORT ?= 8765
+bench-serve: install
+	$(BIN)/transformer serve --checkpoint $(RUN_DIR)/checkpoints/best.pt --port $(SERVE_PORT) & pid=$$!; \
+	for i in $$(seq 120); do curl -sf http://127.0.0.1:$(SERVE_PORT)/health >/dev/null && break; sleep 1; done; \
+	$(BIN)/python scripts/load_test_serve.py --url http://127.0.0.1:$(SERVE_PORT) \
+		--source ../shared/data/multi30k/test_2016_flickr.de.gz --clients 8 --requests 400; status=$$?; \
+	kill $$pid; exit $$status
 
 bench-train: install
 	$(BIN)/python scripts/benchmark_train.py --config $(CONFIG) $(SET_FLAGS)

@@ -20,13 +20,14 @@ Every row sums to 1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .config import BOS_ID
+from .config import BOS_ID, DecodingConfig
 from .translate import Translator
 
 KINDS = ("cross", "encoder_self", "decoder_self")
@@ -38,15 +39,28 @@ class AttentionPlotError(ValueError):
     """A bad --layer/--head/--kind value, or matplotlib is missing."""
 
 
-def attention_for(translator: Translator, sentence: str, beam_size: int = 1) -> dict:
+def attention_for(translator: Translator, sentence: str, options: Optional[DecodingConfig] = None) -> dict:
     """Translate one sentence and collect every attention weight, as described in the module docstring.
+
+    Args:
+        translator: the model.
+        sentence: one source sentence.
+        options: decoding of the translation (default: greedy, the config's other settings).
 
     Returns:
         A dict with the JSON fields; weights as nested lists of floats.
+
+    Raises:
+        AttentionPlotError: the sentence is longer than the model's max_positions (in pieces).
     """
     tokenizer = translator.tokenizer
     src_ids = tokenizer.encode_src([sentence.strip()])[0]
-    hyp = translator.decode_ids([src_ids], translator.decoding_options(beam_size=beam_size, n_best=1))[0][0]
+    limit = translator.model.config.max_positions
+    if len(src_ids) > limit:
+        raise AttentionPlotError(f"the sentence has {len(src_ids)} pieces (eos included); the model reads at most "
+                                 f"max_positions={limit}")
+    options = options or translator.decoding_options(beam_size=1, n_best=1)
+    hyp = translator.decode_ids([src_ids], dataclasses.replace(options, n_best=1))[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = translator.device
     src = torch.tensor([src_ids], device=device)
@@ -134,7 +148,7 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
     if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttentionPlotError(f"--out {out}: the suffix must be .png, .svg or .pdf (or use --format json)")
-    data = attention_for(translator, sentence, beam_size)
+    data = attention_for(translator, sentence, translator.decoding_options(beam_size=beam_size, n_best=1))
     if fmt == "json":
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(data))

@@ -1,4 +1,4 @@
-"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention.
+"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention, serve.
 
 Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
@@ -112,6 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
     attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
     attention.add_argument("--device", default="cpu")
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
+    serve.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder "
+                       "(no /attention for the latter)")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)")
+    serve.add_argument("--max-sentences", type=int, default=128, help="sentences per request (default 128)")
+    serve.add_argument("--max-chars", type=int, default=2000, help="characters per sentence (default 2000)")
+    serve.add_argument("--max-beam-size", type=int, default=16, help="largest beam_size a request may ask (16)")
+    serve.add_argument("--max-request-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)")
+    serve.add_argument("--max-batch-sentences", type=int, default=0,
+                       help="sentences of concurrent requests decoded together (default: decoding.batch_size)")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0,
+                       help="how long to collect concurrent requests into one batch (milliseconds, default 5)")
     return parser
 
 
@@ -286,6 +302,24 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .serve import ServeLimits, run_server
+    except ImportError as err:
+        print(f"error: serve needs FastAPI and uvicorn: pip install 'transformer-nmt[serve]' ({err})", file=sys.stderr)
+        return 2
+    for flag in ("port", "max_sentences", "max_chars", "max_beam_size", "max_request_bytes"):
+        if getattr(args, flag) < (0 if flag == "port" else 1):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.max_batch_sentences < 0 or args.max_wait_ms < 0 or args.threads < 0:
+        raise ConfigError("--max-batch-sentences, --max-wait-ms and --threads must be >= 0")
+    limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars,
+                         max_beam_size=args.max_beam_size, max_request_bytes=args.max_request_bytes)
+    run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
+               limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms)
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.is_main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for all
@@ -293,7 +327,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
-                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention}
+                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention, "serve": cmd_serve}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:

@@ -1,0 +1,193 @@
+"""`transformer serve`: the JSON API through an in-process client, its refusals, and request batching."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'transformer-nmt[serve]'")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from transformer.attention_plot import attention_for  # noqa: E402
+from transformer.cli import main  # noqa: E402
+from transformer.serve import ServeLimits, create_app  # noqa: E402
+from transformer.translate import Translator  # noqa: E402
+
+SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau spielt Gitarre auf der Straße."]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_run):
+    return trained_run / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint) -> Translator:
+    return Translator.from_checkpoint(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def client(translator, checkpoint):
+    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as c:
+        yield c
+
+
+def test_translate_gives_what_the_python_api_gives_in_input_order(client, translator):
+    response = client.post("/translate", json={"text": SENTENCES})
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"] == translator.translate(SENTENCES)
+    assert "n_best" not in response.json()
+    one = client.post("/translate", json={"text": SENTENCES[1], "beam_size": 1}).json()
+    assert one["translations"] == translator.translate([SENTENCES[1]], beam_size=1)
+    assert one["beam_size"] == 1
+
+
+def test_n_best_lists_come_with_scores_best_first(client, translator):
+    body = client.post("/translate", json={"text": SENTENCES[:2], "beam_size": 4, "n_best": 3}).json()
+    expected = translator.translate_n_best(SENTENCES[:2], n_best=3, beam_size=4)
+    assert [[(h["text"], pytest.approx(h["score"], abs=1e-5)) for h in hyps] for hyps in body["n_best"]] == expected
+    for hyps, best in zip(body["n_best"], body["translations"]):
+        assert len(hyps) == 3 and hyps[0]["text"] == best
+        assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
+
+
+def test_attention_returns_every_weight_of_the_translation(client, translator):
+    body = client.post("/attention", json={"text": SENTENCES[0]}).json()
+    assert body == json.loads(json.dumps(attention_for(translator, SENTENCES[0],
+                                                       translator.decoding_options(n_best=1))))
+    assert body["translation"] == client.post("/translate", json={"text": [SENTENCES[0]]}).json()["translations"][0]
+    config = translator.model.config
+    S, T = len(body["src_pieces"]), len(body["tgt_out_pieces"])
+    assert len(body["cross"]) == config.n_decoder_layers and len(body["encoder_self"]) == config.n_encoder_layers
+    for kind, shape in (("cross", (T, S)), ("encoder_self", (S, S)), ("decoder_self", (T, T))):
+        for layer in body[kind]:
+            assert len(layer) == config.n_heads
+            for head in layer:
+                assert (len(head), len(head[0])) == shape
+                assert all(abs(sum(row) - 1) < 1e-4 for row in head)
+
+
+def test_health_describes_model_vocabulary_device_and_uptime(client, translator, checkpoint):
+    body = client.get("/health").json()
+    assert body["status"] == "ok" and body["device"] == "cpu" and body["uptime_s"] >= 0
+    assert body["model"]["checkpoint"] == checkpoint.name and body["model"]["engine"] == "pytorch"
+    assert body["model"]["parameters"] == sum(p.numel() for p in translator.model.parameters())
+    assert body["vocabulary"] == {"src_lang": "de", "tgt_lang": "en", "src_size": translator.tokenizer.src_vocab_size,
+                                  "tgt_size": translator.tokenizer.tgt_vocab_size, "joint": True}
+    assert body["decoding"]["beam_size"] == translator.config.decoding.beam_size
+    assert body["limits"]["max_sentences"] == ServeLimits().max_sentences
+
+
+def test_the_page_and_its_files_are_served_from_memory(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="translate"' in page.text and "/static/explorer.js" in page.text
+    assert "http" not in page.text.replace("http-equiv", "")  # no CDN: everything comes from this server
+    assert client.get("/static/explorer.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/static/style.css").status_code == 200
+    for path in ("/static/app.py", "/static/../app.py", "/static/%2e%2e/app.py", "/static/index.html/"):
+        assert client.get(path).status_code == 404
+
+
+LIMITS = ServeLimits()
+BAD_REQUESTS = [
+    ("empty list", {"text": []}, 422, "text"),
+    ("empty sentence", {"text": [""]}, 422, "text[0]"),
+    ("blank sentence", {"text": ["Ein Hund.", "   "]}, 422, "text[1]"),
+    ("10,000 sentences", {"text": ["Ein Hund."] * 10_000}, 422, "text"),
+    ("100,000 characters", {"text": "Hund " * 20_000}, 422, "text[0]"),
+    ("text not a string", {"text": 5}, 422, "text"),
+    ("text items not strings", {"text": ["Ein Hund.", 7]}, 422, "text[1]"),
+    ("missing text", {"beam_size": 2}, 422, "text"),
+    ("beam size a string", {"text": ["Ein Hund."], "beam_size": "four"}, 422, "beam_size"),
+    ("beam size a float", {"text": ["Ein Hund."], "beam_size": 2.5}, 422, "beam_size"),
+    ("beam size 0", {"text": ["Ein Hund."], "beam_size": 0}, 422, "beam_size"),
+    ("beam size too large", {"text": ["Ein Hund."], "beam_size": LIMITS.max_beam_size + 1}, 422, "beam_size"),
+    ("n_best above beam", {"text": ["Ein Hund."], "beam_size": 2, "n_best": 3}, 422, "n_best"),
+    ("negative length penalty", {"text": ["Ein Hund."], "length_penalty": -1}, 422, "length_penalty"),
+    ("negative min_len", {"text": ["Ein Hund."], "min_len": -2}, 422, "min_len"),
+    ("unknown option", {"text": ["Ein Hund."], "beam": 4}, 422, "beam"),
+    ("a file path option", {"text": ["Ein Hund."], "checkpoint": "/etc/passwd"}, 422, "checkpoint"),
+    ("not an object", ["Ein Hund."], 422, "body"),
+]
+
+
+@pytest.mark.parametrize("body,status,field", [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_translate_requests_get_a_4xx_naming_the_field(client, body, status, field):
+    response = client.post("/translate", json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["field"] == field and response.json()["error"]
+
+
+def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serving(client, translator):
+    invalid = client.post("/translate", content=b'{"text": ["Ein Hund."', headers={"content-type": "application/json"})
+    assert invalid.status_code == 400 and invalid.json()["field"] == "body" and "JSON" in invalid.json()["error"]
+    huge = client.post("/translate", content=b"x" * (LIMITS.max_request_bytes + 1),
+                       headers={"content-type": "application/json"})
+    assert huge.status_code == 413 and "max-request-bytes" in huge.json()["error"]
+    assert client.post("/attention", json={"text": SENTENCES}).json()["field"] == "text"
+    too_long = client.post("/attention", json={"text": "Hund " * (translator.model.config.max_positions + 5)})
+    assert too_long.status_code == 422 and "max_positions" in too_long.json()["error"]
+    assert client.post("/attention", json={"text": "Ein Hund.", "beam_size": 99}).json()["field"] == "beam_size"
+    assert client.post("/translate", json={"text": SENTENCES}).status_code == 200
+
+
+class GatedTranslator:
+    """The real translator behind a gate: the first decoding call waits until the test opens it."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.inner, self.calls, self.gate = translator, [], threading.Event()
+        self.config, self.tokenizer, self.model = translator.config, translator.tokenizer, translator.model
+        self.decoding_options = translator.decoding_options
+
+    def translate_n_best(self, sentences, **options):
+        self.calls.append(list(sentences))
+        assert self.gate.wait(60), "the test never opened the gate"
+        return self.inner.translate_n_best(sentences, **options)
+
+
+def _wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_requests_that_arrive_during_a_decode_share_the_next_one_and_health_answers_meanwhile(translator):
+    gated = GatedTranslator(translator)
+    app = create_app(gated, max_batch_sentences=64)
+    batcher = app.state.batcher
+    requests = [[SENTENCES[0]], [SENTENCES[1]], [SENTENCES[2], SENTENCES[0]], ["Ein Kind lacht."], [SENTENCES[2]]]
+    answers: dict[int, list[str]] = {}
+    with TestClient(app) as client:
+        def send(i: int) -> None:
+            answers[i] = client.post("/translate", json={"text": requests[i]}).json()["translations"]
+
+        first = threading.Thread(target=send, args=(0,))
+        first.start()
+        _wait_until(lambda: len(gated.calls) == 1, "the first decoding call")
+        others = [threading.Thread(target=send, args=(i,)) for i in range(1, len(requests))]
+        for t in others:
+            t.start()
+        _wait_until(lambda: batcher.n_waiting == len(others), "the other requests to queue")
+        health = client.get("/health")  # the event loop answers while the worker thread decodes
+        assert health.status_code == 200 and health.json()["batching"]["batches"] == 0
+        gated.gate.set()
+        for t in [first, *others]:
+            t.join(60)
+        stats = client.get("/health").json()["batching"]
+    assert len(gated.calls) == 2, gated.calls
+    assert sorted(gated.calls[1]) == sorted(s for r in requests[1:] for s in r)
+    for i, sentences in enumerate(requests):
+        assert answers[i] == translator.translate(sentences), i
+    assert (stats["batches"], stats["requests"], stats["largest_batch_requests"]) == (2, 5, 4)
+
+
+def test_serve_refuses_a_missing_checkpoint_and_bad_limits(tmp_path, capsys):
+    assert main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]) == 2
+    assert "missing.pt" in capsys.readouterr().err
+    assert main(["serve", "--checkpoint", str(tmp_path / "missing.pt"), "--max-sentences", "0"]) == 2
+    assert "--max-sentences" in capsys.readouterr().err

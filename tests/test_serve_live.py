@@ -1,0 +1,150 @@
+"""`transformer serve` as users run it: a real uvicorn process on 127.0.0.1, driven by Chromium and by a load test.
+
+The browser test needs Debian's `chromium` (`make install` installs it when run as root). Without it the test skips,
+unless TRANSFORMER_NMT_REQUIRE_BROWSER=1 (set by `.ci/run`), where it fails: CI must run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'transformer-nmt[serve]'")
+
+from .conftest import MULTI30K  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCE = "Ein Mann fährt mit dem Fahrrad durch die Stadt."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(trained_run, tmp_path_factory):
+    """`transformer serve` on a free port; yields its URL."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", "--checkpoint",
+                                    str(trained_run / "checkpoints" / "best.pt"), "--port", str(port),
+                                    "--threads", "1"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    yield url
+    process.terminate()
+    process.wait(30)
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    message = "Debian's chromium is not installed (apt-get install -y chromium; `make install` does it as root)"
+    if os.environ.get("TRANSFORMER_NMT_REQUIRE_BROWSER") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _heatmap(page) -> list[list[float]]:
+    return page.eval_on_selector_all(
+        "#heatmap tbody tr", "rows => rows.map(r => [...r.querySelectorAll('td.cell')].map(td => +td.dataset.weight))")
+
+
+def _close(a: list[list[float]], b: list[list[float]], tol: float = 1e-6) -> bool:
+    return len(a) == len(b) and all(len(x) == len(y) and all(abs(u - v) <= tol for u, v in zip(x, y))
+                                    for x, y in zip(a, b))
+
+
+def test_the_attention_explorer_in_chromium(server, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = _chromium()
+    expected = httpx.post(server + "/attention", json={"text": SENTENCE}, timeout=60).json()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1100})
+            page.goto(server + "/")
+            page.wait_for_function("document.getElementById('model-info').textContent.includes('de → en')")
+            page.fill("#source", SENTENCE)
+            page.click("#translate")
+            page.wait_for_selector("#heatmap td.cell")
+
+            assert page.inner_text("#translations li").strip() == expected["translation"]
+            # the default view: cross-attention of the last layer, head 0; one cell per (target, source) piece
+            weights = _heatmap(page)
+            assert len(weights) == len(expected["tgt_out_pieces"])
+            assert all(len(row) == len(expected["src_pieces"]) for row in weights)
+            assert all(abs(sum(row) - 1) < 1e-4 for row in weights)
+            assert _close(weights, expected["cross"][-1][0])
+            assert page.eval_on_selector_all("#heatmap th.row", "e => e.map(x => x.textContent)") == \
+                expected["tgt_out_pieces"]
+
+            page.select_option("#layer", "0")
+            page.select_option("#head", "1")
+            changed = _heatmap(page)
+            assert changed != weights
+            assert _close(changed, expected["cross"][0][1])
+
+            # hovering a target piece shades each source piece by the weight it gets
+            page.hover('#heatmap th.row[data-index="1"]')
+            shaded = page.eval_on_selector_all("#key-pieces .piece", "e => e.map(x => +x.dataset.highlight)")
+            assert shaded == pytest.approx(expected["cross"][0][1][1], abs=1e-6)
+
+            page.select_option("#head", "mean")
+            mean = _heatmap(page)
+            heads = expected["cross"][0]
+            assert mean[0] == pytest.approx([sum(h[0][k] for h in heads) / len(heads)
+                                             for k in range(len(heads[0][0]))], abs=1e-6)
+
+            page.select_option("#kind", "encoder_self")
+            assert len(_heatmap(page)) == len(expected["src_pieces"]) == len(_heatmap(page)[0])
+            page.select_option("#kind", "cross")
+            page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
+            assert (tmp_path / "explorer.png").stat().st_size > 10_000
+
+            page.fill("#n-best", "9")  # more than the beam: the server's refusal is shown, nothing breaks
+            page.click("#translate")
+            page.wait_for_selector("#error:not([hidden])")
+            assert "n_best" in page.inner_text("#error")
+        finally:
+            browser.close()
+
+
+def test_load_8_clients_400_requests_no_errors_nothing_lost_or_reordered(server, tmp_path):
+    source = MULTI30K / "test_2016_flickr.de.gz"
+    if not source.is_file():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    figures_file = tmp_path / "load.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test_serve.py"), "--url", server,
+                          "--source", str(source), "--sentences", "200", "--clients", "8", "--requests", "400",
+                          "--json", str(figures_file)], capture_output=True, text=True, timeout=600)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    figures = json.loads(figures_file.read_text())
+    assert figures["requests"] == 400 and figures["errors"] == figures["lost"] == figures["mismatched"] == 0
+    assert figures["sentences"] == figures["sentences_sent"] > 400
+    # batching works: requests average 2.5 sentences, the decoding calls under load took several requests each
+    assert figures["mean_batch_sentences"] > 5, figures

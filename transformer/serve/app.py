@@ -1,0 +1,255 @@
+"""The HTTP API and the page: `create_app(translator)` builds a FastAPI application around one loaded model.
+
+    POST /translate   {"text": ["Ein Mann fährt Fahrrad.", ...], "beam_size": 4, "n_best": 2, ...}
+                      -> {"translations": [...], "n_best": [[{"text": ..., "score": ...}, ...], ...]}
+    POST /attention   {"text": "Ein Mann fährt Fahrrad."}
+                      -> the `transformer attention --format json` data (see `attention_plot`)
+    GET  /health      model, vocabulary, device, uptime, limits and batching counts
+    GET  /            the attention explorer (static HTML, CSS and JavaScript from `static/`, no CDN)
+
+Bad input gets a 4xx response whose JSON names the field: `{"error": message, "field": "beam_size", "errors":
+[{"field": ..., "message": ...}, ...]}`. Requests never name files: the page's three files are read once at start-up
+and served from memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..attention_plot import AttentionPlotError, attention_for
+from ..config import ConfigError, DecodingConfig
+from .batching import RequestBatcher
+
+STATIC = Path(__file__).parent / "static"
+PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+              "/static/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
+              "/static/style.css": ("style.css", "text/css; charset=utf-8")}
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may ask for (`transformer serve --max-...` flags); beyond it: a 4xx naming the field."""
+
+    max_sentences: int = 128
+    """Sentences in one /translate request."""
+    max_chars: int = 2000
+    """Characters in one sentence."""
+    max_beam_size: int = 16
+    max_request_bytes: int = 1_000_000
+    """Size of a request body (bytes); larger bodies get 413 before they are read whole."""
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, the field at fault and why."""
+
+    def __init__(self, status: int, field: Optional[str], message: str) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+class DecodingRequest(BaseModel):
+    """Decoding options of `transformer translate`; unset ones take the checkpoint's decoding section."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    beam_size: Optional[int] = Field(None, description="1 is greedy decoding")
+    length_penalty: Optional[float] = Field(None, description="α of the length penalty ((5+|Y|)/6)^α")
+    min_len: Optional[int] = Field(None, description="tokens that must come before eos may be produced")
+    max_len_a: Optional[float] = Field(None, description="output cap: max_len_a * src_len + max_len_b tokens")
+    max_len_b: Optional[int] = None
+
+
+class TranslateRequest(DecodingRequest):
+    text: list[str] = Field(description="a list of sentences (or one sentence as a string)")
+    n_best: Optional[int] = Field(None, description="also return this many hypotheses per sentence, with scores")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def one_sentence_is_a_list_of_one(cls, text: Any) -> Any:
+        return [text] if isinstance(text, str) else text
+
+
+class AttentionRequest(DecodingRequest):
+    text: str = Field(description="one sentence")
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float = Field(description="log-probability with the length penalty of the beam search")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str] = Field(description="one per input sentence, in input order")
+    n_best: Optional[list[list[Hypothesis]]] = Field(None, description="when n_best was asked for: per sentence, "
+                                                     "best first")
+    beam_size: int
+    elapsed_ms: float
+
+
+def create_app(translator: Any, checkpoint: str = "", limits: ServeLimits = ServeLimits(),
+               max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> FastAPI:
+    """The application around one loaded translator.
+
+    Args:
+        translator: a `Translator` (every endpoint) or a `CTranslate2Translator` (no /attention: 501).
+        checkpoint: what /health reports as the model's origin.
+        limits: per-request limits.
+        max_batch_sentences: sentences collected into one decoding call (default: the checkpoint's
+            decoding.batch_size).
+        max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
+    """
+    batcher = RequestBatcher(
+        lambda sentences, o: translator.translate_n_best(
+            sentences, n_best=o.n_best, beam_size=o.beam_size, length_penalty=o.length_penalty,
+            max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len),
+        max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size, max_wait_ms=max_wait_ms)
+    page = {route: ((STATIC / name).read_bytes(), media) for route, (name, media) in PAGE_FILES.items()}
+    started = time.time()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=lifespan,
+                  description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
+    app.state.batcher = batcher
+    _add_error_handlers(app, limits)
+
+    def options_for(body: DecodingRequest, n_best: Optional[int] = None) -> DecodingConfig:
+        if body.beam_size is not None and not 1 <= body.beam_size <= limits.max_beam_size:
+            raise RequestError(422, "beam_size", f"must be between 1 and {limits.max_beam_size} "
+                               f"(serve --max-beam-size), got {body.beam_size}")
+        try:
+            return translator.decoding_options(beam_size=body.beam_size, length_penalty=body.length_penalty,
+                                               min_len=body.min_len, max_len_a=body.max_len_a,
+                                               max_len_b=body.max_len_b, n_best=n_best)
+        except ConfigError as err:  # "decoding.n_best: must be ..." -> field n_best
+            key, _, message = str(err).partition(": ")
+            raise RequestError(422, key.removeprefix("decoding."), message) from None
+
+    def sentences_of(sentences: list[str], one: bool = False) -> list[str]:
+        if not sentences:
+            raise RequestError(422, "text", "no sentences: give a string or a non-empty list of strings")
+        if len(sentences) > limits.max_sentences:
+            raise RequestError(422, "text", f"at most {limits.max_sentences} sentences per request "
+                               f"(serve --max-sentences), got {len(sentences)}")
+        for i, sentence in enumerate(sentences):
+            where = "text" if one else f"text[{i}]"
+            if not sentence.strip():
+                raise RequestError(422, where, "empty sentence")
+            if len(sentence) > limits.max_chars:
+                raise RequestError(422, where, f"{len(sentence)} characters; at most {limits.max_chars} "
+                                   "(serve --max-chars)")
+        return sentences
+
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
+    async def translate(body: TranslateRequest) -> dict:
+        """Translate sentences (batched with concurrent requests); the n best with scores if n_best is given."""
+        start = time.perf_counter()
+        sentences = sentences_of(body.text)
+        options = options_for(body, n_best=body.n_best)
+        results = await batcher.translate(sentences, options)
+        response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
+        if body.n_best is not None:
+            response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
+        response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
+        return response
+
+    @app.post("/attention")
+    async def attention(body: AttentionRequest) -> dict:
+        """Translate one sentence and return every attention weight (`transformer attention --format json`)."""
+        if not hasattr(translator, "model") or not hasattr(translator.model, "forward_with_attention"):
+            raise RequestError(501, None, "attention needs a PyTorch checkpoint (.pt); this server runs an "
+                               "exported CTranslate2 model")
+        sentence = sentences_of([body.text], one=True)[0]
+        options = options_for(body, n_best=1)
+        try:
+            return await batcher.run_on_worker(attention_for, translator, sentence, options)
+        except AttentionPlotError as err:
+            raise RequestError(422, "text", str(err)) from None
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Model, vocabulary, device, uptime (seconds), limits and batching counts."""
+        return {"status": "ok", **_describe(translator, checkpoint), "uptime_s": round(time.time() - started, 1),
+                "limits": asdict(limits), "decoding": asdict(translator.config.decoding),
+                "batching": {"max_batch_sentences": batcher.max_batch_sentences, "max_wait_ms": batcher.max_wait_ms,
+                             **batcher.stats.to_dict()}}
+
+    for route, (content, media) in page.items():
+        app.add_api_route(route, _static_page(content, media), methods=["GET"], include_in_schema=False,
+                          response_class=HTMLResponse if route == "/" else Response)
+    return app
+
+
+def _static_page(content: bytes, media_type: str):
+    async def serve_file() -> Response:
+        return Response(content, media_type=media_type)
+    return serve_file
+
+
+def _describe(translator: Any, checkpoint: str) -> dict:
+    config = translator.config
+    model = getattr(translator, "model", None)
+    is_torch = hasattr(model, "parameters")
+    tokenizer = translator.tokenizer
+    return {
+        "model": {"checkpoint": Path(checkpoint).name, "engine": "pytorch" if is_torch else "ctranslate2",
+                  **{k: getattr(config.model, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
+                                                             "n_decoder_layers", "max_positions", "norm_first")},
+                  "parameters": sum(p.numel() for p in model.parameters()) if is_torch else None},
+        "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+                       "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
+                       "joint": tokenizer.is_joint},
+        "device": str(getattr(translator, "device", "cpu")),
+    }
+
+
+def _field(location: tuple) -> Optional[str]:
+    """("body", "text", 3) -> "text[3]"; the body itself -> "body"."""
+    parts = [p for p in location if p != "body"]
+    if not parts or isinstance(parts[0], int):
+        return "body"
+    return str(parts[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
+
+
+def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
+    def error(status: int, problems: list[tuple[Optional[str], str]]) -> JSONResponse:
+        return JSONResponse({"error": problems[0][1], "field": problems[0][0],
+                             "errors": [{"field": f, "message": m} for f, m in problems]}, status_code=status)
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, err: RequestError) -> JSONResponse:
+        return error(err.status, [(err.field, err.message)])
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = []
+        for e in err.errors():
+            if e["type"] == "json_invalid":
+                return error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
+            field = _field(tuple(e["loc"]))
+            message = "unknown option" if e["type"] == "extra_forbidden" else e["msg"]
+            problems.append((field, message))
+        return error(422, problems)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        """Refuse a body over max_request_bytes from its Content-Length, before it is read (a POST must say it)."""
+        length = request.headers.get("content-length")
+        if request.method == "POST" and length is None:
+            return error(411, [("body", "a Content-Length header is required")])
+        if length is not None and (not length.isdigit() or int(length) > limits.max_request_bytes):
+            return error(413, [("body", f"request body of {length} bytes; at most {limits.max_request_bytes} "
+                                "(serve --max-request-bytes)")])
+        return await call_next(request)

@@ -1,0 +1,163 @@
+"""Dynamic batching for the server: concurrent requests share one decoding call.
+
+A request's sentences wait in a queue; one asyncio task takes the first waiting request, keeps collecting for up to
+`max_wait_ms` milliseconds (or until `max_batch_sentences` sentences are waiting), and decodes everything it holds
+with one `translate_n_best` call per set of decoding options. Decoding runs on one worker thread, so the event loop
+keeps answering (health checks, new requests) while the model works, and requests that arrive during a decode are
+all taken together by the next one: the busier the server, the larger its batches (the batching of serving systems
+such as TensorFlow Serving and CTranslate2's asynchronous translate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar
+
+from ..config import DecodingConfig
+
+NBest = list[list[tuple[str, float]]]
+"""Per sentence, the n best (text, score) pairs, best first."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Request:
+    sentences: list[str]
+    options: DecodingConfig
+    future: asyncio.Future
+
+
+@dataclass
+class BatchingStats:
+    """Counts since start: requests and sentences translated, and decoding calls that served them."""
+
+    requests: int = 0
+    sentences: int = 0
+    batches: int = 0
+    largest_batch_sentences: int = 0
+    largest_batch_requests: int = 0
+
+    def to_dict(self) -> dict[str, float]:
+        d: dict[str, float] = dataclasses.asdict(self)
+        d["mean_batch_sentences"] = round(self.sentences / self.batches, 2) if self.batches else 0.0
+        d["mean_batch_requests"] = round(self.requests / self.batches, 2) if self.batches else 0.0
+        return d
+
+
+@dataclass
+class RequestBatcher:
+    """Collects the sentences of concurrent requests into shared decoding calls.
+
+    Args:
+        translate_n_best: `(sentences, options) -> NBest`, called on the worker thread only (so the model is never
+            used by two threads at once).
+        max_batch_sentences: stop collecting once this many sentences wait (a request is never split).
+        max_wait_ms: how long (milliseconds) to keep collecting after the first waiting request.
+    """
+
+    translate_n_best: Callable[[list[str], DecodingConfig], NBest]
+    max_batch_sentences: int = 64
+    max_wait_ms: float = 5.0
+    stats: BatchingStats = field(default_factory=BatchingStats)
+    _queue: Optional[asyncio.Queue] = None
+    _task: Optional[asyncio.Task] = None
+    _worker: Optional[ThreadPoolExecutor] = None
+
+    def start(self) -> None:
+        """Start collecting (in the running event loop) with a fresh worker thread."""
+        self._queue = asyncio.Queue()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop collecting; requests still waiting get a `RuntimeError`."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._queue is not None and not self._queue.empty():
+            request = self._queue.get_nowait()
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("the server is shutting down"))
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+        self._task = self._worker = None
+
+    @property
+    def n_waiting(self) -> int:
+        """Requests queued and not yet taken by a decoding call."""
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def translate(self, sentences: list[str], options: DecodingConfig) -> NBest:
+        """Queue sentences for the next decoding call and wait for their n-best lists (in input order).
+
+        Raises:
+            RuntimeError: the batcher is not started, or stops before the request is served.
+            Whatever `translate_n_best` raises for this request's batch.
+        """
+        if self._queue is None or self._task is None:
+            raise RuntimeError("RequestBatcher.start() was not called")
+        request = _Request(sentences, options, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(request)
+        return await request.future
+
+    async def run_on_worker(self, function: Callable[..., T], *args: Any) -> T:
+        """Run `function(*args)` on the decoding thread, after the decoding calls already given to it."""
+        if self._worker is None:
+            raise RuntimeError("RequestBatcher.start() was not called")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
+
+    async def _collect(self) -> list[_Request]:
+        """The first waiting request and those that arrive within max_wait_ms, up to max_batch_sentences."""
+        assert self._queue is not None
+        requests = [await self._queue.get()]
+        n_sentences = len(requests[0].sentences)
+        deadline = asyncio.get_running_loop().time() + self.max_wait_ms / 1000
+        while n_sentences < self.max_batch_sentences:
+            if self._queue.empty():
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    request = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            else:
+                request = self._queue.get_nowait()
+            requests.append(request)
+            n_sentences += len(request.sentences)
+        return requests
+
+    async def _run(self) -> None:
+        while True:
+            requests = await self._collect()
+            by_options: dict[DecodingConfig, list[_Request]] = defaultdict(list)
+            for request in requests:
+                by_options[request.options].append(request)
+            for options, group in by_options.items():
+                await self._decode(group, options)
+
+    async def _decode(self, group: list[_Request], options: DecodingConfig) -> None:
+        sentences = [s for request in group for s in request.sentences]
+        try:
+            results = await self.run_on_worker(self.translate_n_best, sentences, options)
+        except Exception as err:  # noqa: BLE001 - handed to the requests that asked, the loop keeps serving
+            for request in group:
+                if not request.future.done():
+                    request.future.set_exception(err)
+            return
+        self.stats.requests += len(group)
+        self.stats.sentences += len(sentences)
+        self.stats.batches += 1
+        self.stats.largest_batch_sentences = max(self.stats.largest_batch_sentences, len(sentences))
+        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(group))
+        start = 0
+        for request in group:
+            if not request.future.done():  # a client that went away leaves a cancelled future
+                request.future.set_result(results[start:start + len(request.sentences)])
+            start += len(request.sentences)
