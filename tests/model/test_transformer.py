@@ -87,9 +87,28 @@ def test_cache_select_reorders_rows(model):
     cache = model.new_cache()
     model.decode(tgt_in[:, :2], memory, mask, cache=cache)
     index = torch.tensor([1, 0, 1])
-    cache.select(index)
+    cache.select(index, index)
     rest = model.decode(tgt_in[index, 2:], memory[index], mask[index], cache=cache)
     torch.testing.assert_close(rest, full[index, 2:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["full", "cached"])
+def test_hypotheses_sharing_one_memory_row_decode_as_with_their_own_copy(model, use_cache):
+    """Beam search keeps one memory row per sentence for its g beams (grouped encoder-decoder attention)."""
+    src = random_tokens(2, 6, 23, lengths=[6, 3])
+    mask = model.src_key_padding_mask(src)
+    memory = model.encode(src, mask)
+    g = 3
+    tgt_in = random_tokens(2 * g, 5, 29, seed=4)
+    repeated = model.decode(tgt_in, memory.repeat_interleave(g, 0), mask.repeat_interleave(g, 0))
+    if not use_cache:
+        shared = model.decode(tgt_in, memory, mask)
+    else:
+        cache = model.new_cache()
+        shared = torch.cat([model.decode(tgt_in[:, t:t + 1], memory, mask, cache=cache) for t in range(5)], dim=1)
+    torch.testing.assert_close(shared, repeated, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="whole number"):
+        model.decode(tgt_in[:5], memory, mask)
 
 
 def test_explicit_attention_path_equals_fused_path(model):

@@ -51,7 +51,8 @@ class BeamSearchState:
         alive: input positions of those sentences, `n_alive` of them.
         scores: `(n_alive, beam_size)` total log-probability of each live hypothesis.
         prefixes: `(n_alive * beam_size, step + 1)` token ids, bos first.
-        memory: `(n_alive * beam_size, src_len, d_model)`; mask: `(n_alive * beam_size, src_len)`.
+        memory: `(n_alive, src_len, d_model)`, one row per sentence, shared by its beams (the decoder's
+            encoder-decoder attention reads it for each group of beam_size rows); mask: `(n_alive, src_len)`.
         cache: the decoder's `DecoderCache` (None when decoding without a cache).
     """
 
@@ -67,12 +68,11 @@ def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, be
                use_cache: bool) -> BeamSearchState:
     """Encode once, repeat the memory for every beam, and start each sentence with one live hypothesis."""
     n = src.size(0)
-    memory = model.encode(src, src_key_padding_mask).repeat_interleave(beam_size, dim=0)
-    mask = src_key_padding_mask.repeat_interleave(beam_size, dim=0)  # (n * beam_size, src_len)
+    memory = model.encode(src, src_key_padding_mask)  # (n, src_len, d_model): the beams of a sentence share it
     scores = torch.full((n, beam_size), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
     prefixes = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
-    return BeamSearchState(list(range(n)), scores, prefixes, memory, mask,
+    return BeamSearchState(list(range(n)), scores, prefixes, memory, src_key_padding_mask,
                            model.new_cache() if use_cache else None)
 
 
@@ -154,17 +154,17 @@ def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Ten
     prefixes = torch.cat([state.prefixes.index_select(0, rows), next_tokens.view(-1, 1)], dim=1)
     if state.cache is not None:
         # Beams move only within their sentence, whose memory is shared: cross-attention caches stay.
-        state.cache.select(rows, include_cross=False)
+        state.cache.select(rows)
     keep = [i for i, index in enumerate(state.alive) if not sentences[index].is_done]
     state = BeamSearchState(state.alive, next_scores, prefixes, state.memory, state.mask, state.cache)
     if len(keep) < len(state.alive):
         keep_t = torch.tensor(keep, dtype=torch.long, device=prefixes.device)
         row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=prefixes.device)).view(-1)
         if state.cache is not None:
-            state.cache.select(row_index)
+            state.cache.select(row_index, keep_t)
         state = BeamSearchState([state.alive[i] for i in keep], next_scores.index_select(0, keep_t),
-                                prefixes.index_select(0, row_index), state.memory.index_select(0, row_index),
-                                state.mask.index_select(0, row_index), state.cache)
+                                prefixes.index_select(0, row_index), state.memory.index_select(0, keep_t),
+                                state.mask.index_select(0, keep_t), state.cache)
     return state
 
 

@@ -107,7 +107,7 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
             best = best.index_select(0, index)
             prefix = prefix.index_select(0, index)
             if cache is not None:
-                cache.select(index)
+                cache.select(index, index)
             alive = [alive[row] for row in keep]
         prefix = torch.cat([prefix, best[:, None]], dim=1)
     return [Hypothesis(outputs[i], scores[i], finished[i]) for i in range(n)]

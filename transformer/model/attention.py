@@ -196,6 +196,22 @@ class MultiHeadAttention(nn.Module):
             cache.key, cache.value = k, v
         return q, k, v
 
+    def _grouped(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
+                 attn_mask: Optional[Tensor], is_causal: bool, cache: Optional[KVCache],
+                 need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Encoder-decoder attention for `group` consecutive query rows per key row (the beams of one sentence in
+        beam search): the group's positions become extra query positions of their shared key row, so the memory
+        is stored, projected and read once per sentence instead of once per beam."""
+        batch, group = key.size(0), query.size(0) // key.size(0)
+        if query.size(0) != batch * group or attn_mask is not None or is_causal or need_weights or (
+                cache is not None and not cache.is_static):
+            raise ValueError(f"query batch {query.size(0)} against key batch {batch}: only encoder-decoder attention "
+                             "without weights may share keys between a whole number of query rows")
+        q_len = query.size(1)
+        out, _ = self.forward(query.reshape(batch, group * q_len, self.d_model), key, value, key_padding_mask,
+                              cache=cache)  # (batch, group * q_len, d_model)
+        return out.reshape(batch * group, q_len, self.d_model), None
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None, is_causal: bool = False, cache: Optional[KVCache] = None,
                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
@@ -214,10 +230,16 @@ class MultiHeadAttention(nn.Module):
                 (encoder-decoder) attention fills it once and then ignores `key` and `value`.
             need_weights: if True, take the explicit path and also return the attention weights.
 
+        The query batch may be a whole multiple g of the key batch (encoder-decoder attention in beam search):
+        query rows i*g .. i*g + g-1 then attend to key row i.
+
         Returns:
             output `(batch, q_len, d_model)` and, if need_weights, the weights
             `(batch, n_heads, q_len, k_len)` (else None).
         """
+        group = query.size(0) // key.size(0)
+        if group > 1:
+            return self._grouped(query, key, value, key_padding_mask, attn_mask, is_causal, cache, need_weights)
         q, k, v = self._project(query, key, value, cache)
         dropout_p = self.attention_dropout if self.training else 0.0
         if is_causal and attn_mask is None and (need_weights or key_padding_mask is not None):

@@ -33,19 +33,20 @@ class DecoderCache:
     cross_attention: list[KVCache]
     length: int = 0
 
-    def select(self, index: Tensor, include_cross: bool = True) -> None:
-        """Keep, reorder or repeat batch rows of every cache: new row i is old row `index[i]`.
+    def select(self, index: Tensor, cross_index: Optional[Tensor] = None) -> None:
+        """Keep, reorder or repeat batch rows: new row i of the self-attention caches is old row `index[i]`, and
+        of the encoder-decoder caches old row `cross_index[i]`.
 
         Args:
-            index: `(new_batch,)` LongTensor.
-            include_cross: also select the encoder-decoder caches (needed when rows leave or are
-                repeated; not when beams are only reordered within a sentence, whose memory is shared).
+            index: `(new_batch,)` LongTensor for the self-attention caches.
+            cross_index: `(new_memory_batch,)` LongTensor for the encoder-decoder caches, or None to leave them
+                (beam search: beams reordered within their sentences share its memory rows).
         """
         for cache in self.self_attention:
             cache.select(index)
-        if include_cross:
+        if cross_index is not None:
             for cache in self.cross_attention:
-                cache.select(index)
+                cache.select(cross_index)
 
 
 @dataclass
@@ -195,8 +196,10 @@ class Transformer(nn.Module):
 
         Args:
             tgt_in: `(batch, tgt_len)` LongTensor starting with bos; with a cache, only the new position(s).
-            memory: `(batch, src_len, d_model)` from `encode`.
-            memory_key_padding_mask: `(batch, src_len)` bool, True at source padding (None: no padding).
+            memory: `(batch, src_len, d_model)` from `encode`, or `(batch / g, src_len, d_model)` shared by each
+                g consecutive rows of tgt_in (the beams of one sentence).
+            memory_key_padding_mask: `(batch, src_len)` bool, True at source padding (None: no padding); as many
+                rows as memory.
             tgt_key_padding_mask: `(batch, tgt_len)` bool, True at target padding (optional, see module doc).
             cache: from `new_cache()`, for incremental decoding; updated in place.
 
