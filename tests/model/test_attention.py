@@ -81,3 +81,28 @@ def test_fully_masked_query_gives_zeros_not_nan():
 def test_rejects_indivisible_heads():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(d_model=10, n_heads=4)
+
+
+def test_kv_cache_appends_and_selects_like_concatenation():
+    """The preallocated cache holds what torch.cat and index_select would, across growth and beam reordering."""
+    from transformer.model.attention import KVCache
+
+    g = torch.Generator().manual_seed(0)
+    cache, keys, values = KVCache(), None, None
+    for step in range(40):  # past the first capacity (16) and its doubling (32)
+        batch = 6 if step < 25 else 4
+        if step == 25:  # two rows leave, the rest are reordered
+            index = torch.tensor([5, 0, 2, 2])
+            cache.select(index)
+            keys, values = keys.index_select(0, index), values.index_select(0, index)
+        elif step % 3 == 0 and keys is not None:  # beams reordered within the batch
+            index = torch.randperm(batch, generator=g)
+            cache.select(index)
+            keys, values = keys.index_select(0, index), values.index_select(0, index)
+        new_len = 2 if step == 0 else 1
+        k, v = torch.randn(batch, 2, new_len, 8, generator=g), torch.randn(batch, 2, new_len, 8, generator=g)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        got_k, got_v = cache.append(k, v)
+        assert torch.equal(got_k, keys) and torch.equal(got_v, values), step
+    assert keys.shape == (4, 2, 41, 8)

@@ -2,7 +2,7 @@
 
 All sentences of a batch are searched together as `batch x beam_size` rows. One step:
 
-1. expand: every live hypothesis gets the log-probabilities of every next token;
+1. expand: every live hypothesis gets its 2·beam_size most probable next tokens (no other can be selected);
 2. select: per sentence, the 2·beam_size best (hypothesis, token) candidates by total log-probability;
 3. finish: candidates among the best beam_size that end in eos become finished hypotheses (never extended);
    the best beam_size candidates that do not end in eos are the next live hypotheses;
@@ -76,11 +76,16 @@ def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, be
                            model.new_cache() if use_cache else None)
 
 
-def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> Tensor:
-    """Total log-probabilities of every one-token extension of every live hypothesis.
+def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> tuple[Tensor, Tensor]:
+    """The best one-token extensions of every live hypothesis, by total log-probability.
+
+    Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
+    candidates (any other has 2·beam_size better ones in its own row), so only they are added to the hypothesis
+    scores and compared: `(rows, k)` instead of `(rows, vocab)` numbers.
 
     Returns:
-        `(n_alive, beam_size, tgt_vocab_size)`; pad and bos are never produced, eos not before min_len.
+        scores and tokens, each `(n_alive, beam_size, k)` with k = min(2·beam_size, vocab): total
+        log-probabilities of the candidates; pad and bos are never produced, eos not before min_len.
     """
     tokens = state.prefixes[:, -1:] if state.cache is not None else state.prefixes
     logits = model.decode(tokens, state.memory, state.mask, cache=state.cache)[:, -1]
@@ -90,21 +95,24 @@ def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) 
     if step < min_len:
         lprobs[:, EOS_ID] = float("-inf")
     n_alive, beam_size = state.scores.shape
-    return state.scores[:, :, None] + lprobs.view(n_alive, beam_size, -1)
+    best_lprobs, best_tokens = lprobs.topk(min(2 * beam_size, lprobs.size(-1)), dim=-1)  # (rows, k)
+    return (state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
+            best_tokens.view(n_alive, beam_size, -1))
 
 
-def select_top_k(candidates: Tensor, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
+def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2·beam_size best candidates of each sentence (enough to keep beam_size that do not end in eos).
 
     Args:
-        candidates: `(n_alive, beam_size, vocab)` total log-probabilities.
+        candidate_scores, candidate_tokens: `(n_alive, beam_size, k)` from `expand`.
 
     Returns:
-        scores, source beams and tokens, each `(n_alive, 2 * beam_size)`, best first.
+        scores, source beams and tokens, each `(n_alive, 2 * beam_size)` (fewer if the vocabulary is smaller),
+        best first.
     """
-    vocab = candidates.size(-1)
-    top_scores, top_index = candidates.view(candidates.size(0), -1).topk(min(2 * beam_size, vocab * beam_size), dim=1)
-    return top_scores, top_index // vocab, top_index % vocab
+    n_alive, _, k = candidate_scores.shape
+    top_scores, top_index = candidate_scores.view(n_alive, -1).topk(min(2 * beam_size, k * beam_size), dim=1)
+    return top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index)
 
 
 def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_scores: Tensor, top_beams: Tensor,
@@ -213,8 +221,8 @@ def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, b
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, beam_size, use_cache)
     for step in range(max(max_lengths)):
-        candidates = expand(model, state, step, min_len)
-        top = select_top_k(candidates, beam_size)
+        candidate_scores, candidate_tokens = expand(model, state, step, min_len)
+        top = select_top_k(candidate_scores, candidate_tokens, beam_size)
         next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty)
         state = advance(state, sentences, next_scores, next_rows, next_tokens)
         if not state.alive:

@@ -20,7 +20,7 @@ Mask convention (one for the whole project):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -110,11 +110,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allo
 class KVCache:
     """Keys and values of one attention layer kept across decoding steps.
 
-    Self-attention appends the new position's key and value at each step; encoder-decoder attention
-    (`is_static=True`) projects the memory once and reuses it.
+    Self-attention appends the new position's key and value at each step (`append`) into a preallocated buffer
+    `(2, batch, n_heads, capacity, d_head)` that grows geometrically, instead of concatenating a new tensor per
+    step; beam search reorders rows (`select`) into a second buffer of the same size, copying only the filled
+    positions. Encoder-decoder attention (`is_static=True`) projects the memory once and reuses it.
 
     Attributes:
-        key: `(batch, n_heads, cached_len, d_head)` or None before the first step.
+        key: `(batch, n_heads, cached_len, d_head)` (a view of the buffer) or None before the first step.
         value: `(batch, n_heads, cached_len, d_head)` or None before the first step.
         is_static: True for encoder-decoder attention.
     """
@@ -122,6 +124,30 @@ class KVCache:
     key: Optional[Tensor] = None
     value: Optional[Tensor] = None
     is_static: bool = False
+    _buffer: Optional[Tensor] = field(default=None, repr=False)  # [key, value] (2, rows, n_heads, capacity, d_head)
+    _spare: Optional[Tensor] = field(default=None, repr=False)  # the same shape: where `select` writes
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the keys and values of new positions after the cached ones.
+
+        Args:
+            key, value: `(batch, n_heads, new_len, d_head)`.
+
+        Returns:
+            every cached key and value, `(batch, n_heads, cached_len + new_len, d_head)` each.
+        """
+        batch, n_heads, new_len, d_head = key.shape
+        length = 0 if self.key is None else self.key.size(2)
+        end = length + new_len
+        if self._buffer is None or end > self._buffer.size(3) or batch != self._buffer.size(1):
+            capacity = max(end, 16, 2 * self._buffer.size(3) if self._buffer is not None else 0)
+            buffer = key.new_empty(2, batch, n_heads, capacity, d_head)
+            if length:
+                buffer[0, :, :, :length], buffer[1, :, :, :length] = self.key, self.value
+            self._buffer, self._spare = buffer, None
+        self._buffer[0, :, :, length:end], self._buffer[1, :, :, length:end] = key, value
+        self.key, self.value = self._buffer[0, :, :, :end], self._buffer[1, :, :, :end]
+        return self.key, self.value
 
     def select(self, index: Tensor) -> None:
         """Keep (and reorder, repeat) batch rows: row i becomes old row `index[i]`.
@@ -129,9 +155,19 @@ class KVCache:
         Args:
             index: `(new_batch,)` LongTensor of row indices.
         """
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        if self.key is None:
+            return
+        if self.is_static or self._buffer is None or self.key.requires_grad:  # (out= does not record gradients)
+            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+            self._buffer = self._spare = None
+            return
+        length = self.key.size(2)
+        if self._spare is None or self._spare.size(1) != index.numel():
+            self._spare = self._buffer.new_empty(2, index.numel(), *self._buffer.shape[2:])
+        torch.index_select(self.key, 0, index, out=self._spare[0, :, :, :length])
+        torch.index_select(self.value, 0, index, out=self._spare[1, :, :, :length])
+        self._buffer, self._spare = self._spare, self._buffer
+        self.key, self.value = self._buffer[0, :, :, :length], self._buffer[1, :, :, :length]
 
 
 class MultiHeadAttention(nn.Module):
@@ -190,10 +226,10 @@ class MultiHeadAttention(nn.Module):
                 v = F.linear(value, weight[2 * d:], bias[2 * d:])
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
         if cache is not None:
-            if not cache.is_static and cache.key is not None:
-                k = torch.cat([cache.key, k], dim=2)  # (batch, n_heads, cached_len + k_len, d_head)
-                v = torch.cat([cache.value, v], dim=2)
-            cache.key, cache.value = k, v
+            if cache.is_static:
+                cache.key, cache.value = k, v
+            else:
+                k, v = cache.append(k, v)  # (batch, n_heads, cached_len + k_len, d_head)
         return q, k, v
 
     def _grouped(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
