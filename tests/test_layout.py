@@ -8,7 +8,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
-                     "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model"]
+                     "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model",
+                     "transformer.serve"]
 
 
 def test_the_inference_path_imports_nothing_from_training():
