@@ -7,10 +7,19 @@ from transformer import device as device_module
 from transformer.device import BF16_MIN_SPEEDUP, resolve_precision
 
 
-@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("name", ["fp32", "fp16"])
 def test_a_concrete_precision_is_kept(name, monkeypatch):
     monkeypatch.setattr(device_module, "matmul_seconds", lambda *a, **k: pytest.fail("measured a fixed precision"))
     assert resolve_precision(name, torch.device("cpu"))[0] == name
+
+
+@pytest.mark.parametrize("bf16_speedup, warns", [(0.01, True), (0.9, True), (1.6, False)])
+def test_explicit_bf16_on_a_cpu_is_kept_with_a_warning_where_it_is_slow(bf16_speedup, warns, monkeypatch):
+    seconds = {torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}
+    monkeypatch.setattr(device_module, "matmul_seconds", lambda dtype, device, **k: seconds[dtype])
+    precision, reason = resolve_precision("bf16", torch.device("cpu"))
+    assert precision == "bf16" and f"{bf16_speedup:.2f}x" in reason
+    assert ("would be faster" in reason) == warns
 
 
 @pytest.mark.parametrize("bf16_speedup, expected", [(0.5, "fp32"), (BF16_MIN_SPEEDUP * 0.95, "fp32"),

@@ -62,11 +62,18 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     pays only where bf16 matrix multiplications are fast (AMX or AVX-512 BF16 units that the kernels use); on
     others it is slower than fp32 (measured 0.5x on an Intel Xeon with AVX-512 BF16 but no AMX, 1.6x on an
     AMD Zen 4), so bf16 is chosen when a 1024^3 bf16 matmul is at least `BF16_MIN_SPEEDUP` times faster than
-    fp32 (about 0.1 s to measure). Any other name is returned as it is.
+    fp32 (about 0.1 s to measure). An explicit "bf16" on a CPU is kept, and measured so that the log can warn when
+    it is slower than fp32 there (a GPU recipe run on such a CPU). Any other name is returned as it is.
 
     Returns:
         (precision, reason): the precision, and a short explanation for the log.
     """
+    if name == "bf16" and device.type == "cpu":
+        speedup = matmul_seconds(torch.float32, device) / matmul_seconds(torch.bfloat16, device)
+        if speedup < 1:
+            return name, (f"as configured, but a bf16 matmul runs at {speedup:.2f}x fp32 on this CPU: "
+                          "training.precision: auto or fp32 would be faster")
+        return name, f"as configured (bf16 matmul {speedup:.2f}x fp32 on this CPU)"
     if name != "auto":
         return name, "as configured"
     if device.type == "cuda":
