@@ -64,7 +64,7 @@ bench-decode: install
 # Starts `transformer serve` on RUN_DIR's best.pt, runs the load test (8 clients, 400 requests) against it, stops it.
 SERVE_PORT ?= 8765
 bench-serve: install
-	$(BIN)/transformer serve --checkpoint $(RUN_DIR)/checkpoints/best.pt --port $(SERVE_PORT) & pid=$$!; \
+	$(BIN)/transformer serve --checkpoint $(RUN_DIR)/checkpoints/best.pt --port $(SERVE_PORT) --no-access-log & pid=$$!; \
 	for i in $$(seq 120); do curl -sf http://127.0.0.1:$(SERVE_PORT)/health >/dev/null && break; sleep 1; done; \
 	$(BIN)/python scripts/load_test_serve.py --url http://127.0.0.1:$(SERVE_PORT) \
 		--source ../shared/data/multi30k/test_2016_flickr.de.gz --clients 8 --requests 400; status=$$?; \

@@ -40,7 +40,8 @@ def server(trained_run, tmp_path_factory):
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", "--checkpoint",
                                     str(trained_run / "checkpoints" / "best.pt"), "--port", str(port),
-                                    "--threads", "1"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                                    "--threads", "1", "--no-access-log"],
+                                   stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

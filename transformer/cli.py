@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sentences of concurrent requests decoded together (default: decoding.batch_size)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0,
                        help="how long to collect concurrent requests into one batch (milliseconds, default 5)")
+    serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
     return parser
 
 
@@ -316,7 +317,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars,
                          max_beam_size=args.max_beam_size, max_request_bytes=args.max_request_bytes)
     run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
-               limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms)
+               limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
+               access_log=not args.no_access_log)
     return 0
 
 

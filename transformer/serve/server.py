@@ -15,7 +15,8 @@ logger = logging.getLogger(__name__)
 
 
 def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int = 0,
-               limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0) -> None:
+               limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
+               access_log: bool = True) -> None:
     """Load `checkpoint` (a .pt file or an exported CTranslate2 folder) and serve it until interrupted.
 
     Args:
@@ -26,6 +27,7 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
         limits: per-request limits (default: `ServeLimits()`).
         max_batch_sentences: sentences collected into one decoding call (0: the checkpoint's decoding.batch_size).
         max_wait_ms: how long to collect concurrent requests after the first (milliseconds).
+        access_log: log one line per request (uvicorn's access log).
 
     Raises:
         CheckpointError, DeviceError: the model cannot be loaded.
@@ -37,4 +39,4 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
                      max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
     logger.warning("serving %s on http://%s:%d (page at /, API: POST /translate, POST /attention, GET /health)",
                    checkpoint, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
