@@ -140,7 +140,7 @@ def test_load_8_clients_400_requests_no_errors_nothing_lost_or_reordered(server,
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     figures_file = tmp_path / "load.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test_serve.py"), "--url", server,
-                          "--source", str(source), "--sentences", "200", "--clients", "8", "--requests", "400",
+                          "--source", str(source), "--sentences", "120", "--clients", "8", "--requests", "400",
                           "--json", str(figures_file)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
