@@ -191,3 +191,5 @@ def test_serve_refuses_a_missing_checkpoint_and_bad_limits(tmp_path, capsys):
     assert "missing.pt" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(tmp_path / "missing.pt"), "--max-sentences", "0"]) == 2
     assert "--max-sentences" in capsys.readouterr().err
+    assert main(["serve", "--checkpoint", str(tmp_path / "missing.pt"), "--port", "0"]) == 2
+    assert "--port must be between 1 and 65535" in capsys.readouterr().err

@@ -20,7 +20,6 @@ Every row sums to 1.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -45,7 +44,8 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
     Args:
         translator: the model.
         sentence: one source sentence.
-        options: decoding of the translation (default: greedy, the config's other settings).
+        options: decoding of the translation (default: greedy, the config's other settings); the best
+            hypothesis is used whatever its n_best.
 
     Returns:
         A dict with the JSON fields; weights as nested lists of floats.
@@ -60,7 +60,7 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
         raise AttentionPlotError(f"the sentence has {len(src_ids)} pieces (eos included); the model reads at most "
                                  f"max_positions={limit}")
     options = options or translator.decoding_options(beam_size=1, n_best=1)
-    hyp = translator.decode_ids([src_ids], dataclasses.replace(options, n_best=1))[0][0]
+    hyp = translator.decode_ids([src_ids], options)[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = translator.device
     src = torch.tensor([src_ids], device=device)

@@ -309,8 +309,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"error: serve needs FastAPI and uvicorn: pip install 'transformer-nmt[serve]' ({err})", file=sys.stderr)
         return 2
-    for flag in ("port", "max_sentences", "max_chars", "max_beam_size", "max_request_bytes"):
-        if getattr(args, flag) < (0 if flag == "port" else 1):
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
+    for flag in ("max_sentences", "max_chars", "max_beam_size", "max_request_bytes"):
+        if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.max_batch_sentences < 0 or args.max_wait_ms < 0 or args.threads < 0:
         raise ConfigError("--max-batch-sentences, --max-wait-ms and --threads must be >= 0")

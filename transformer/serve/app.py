@@ -94,18 +94,19 @@ class TranslateResponse(BaseModel):
     elapsed_ms: float
 
 
-def create_app(translator: Any, checkpoint: str = "", limits: ServeLimits = ServeLimits(),
+def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimits] = None,
                max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> FastAPI:
     """The application around one loaded translator.
 
     Args:
         translator: a `Translator` (every endpoint) or a `CTranslate2Translator` (no /attention: 501).
         checkpoint: what /health reports as the model's origin.
-        limits: per-request limits.
+        limits: per-request limits (default: `ServeLimits()`).
         max_batch_sentences: sentences collected into one decoding call (default: the checkpoint's
             decoding.batch_size).
         max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
     """
+    limits = limits or ServeLimits()
     batcher = RequestBatcher(
         lambda sentences, o: translator.translate_n_best(
             sentences, n_best=o.n_best, beam_size=o.beam_size, length_penalty=o.length_penalty,
@@ -168,7 +169,7 @@ def create_app(translator: Any, checkpoint: str = "", limits: ServeLimits = Serv
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> dict:
         """Translate one sentence and return every attention weight (`transformer attention --format json`)."""
-        if not hasattr(translator, "model") or not hasattr(translator.model, "forward_with_attention"):
+        if not _is_pytorch(translator):
             raise RequestError(501, None, "attention needs a PyTorch checkpoint (.pt); this server runs an "
                                "exported CTranslate2 model")
         sentence = sentences_of([body.text], one=True)[0]
@@ -198,16 +199,20 @@ def _static_page(content: bytes, media_type: str):
     return serve_file
 
 
+def _is_pytorch(translator: Any) -> bool:
+    """True for our own model (a `Translator`), False for an exported CTranslate2 one."""
+    return hasattr(getattr(translator, "model", None), "forward_with_attention")
+
+
 def _describe(translator: Any, checkpoint: str) -> dict:
     config = translator.config
-    model = getattr(translator, "model", None)
-    is_torch = hasattr(model, "parameters")
+    is_torch = _is_pytorch(translator)
     tokenizer = translator.tokenizer
     return {
         "model": {"checkpoint": Path(checkpoint).name, "engine": "pytorch" if is_torch else "ctranslate2",
                   **{k: getattr(config.model, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
                                                              "n_decoder_layers", "max_positions", "norm_first")},
-                  "parameters": sum(p.numel() for p in model.parameters()) if is_torch else None},
+                  "parameters": translator.model.num_parameters() if is_torch else None},
         "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
                        "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
                        "joint": tokenizer.is_joint},

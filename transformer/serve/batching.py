@@ -65,9 +65,9 @@ class RequestBatcher:
     max_batch_sentences: int = 64
     max_wait_ms: float = 5.0
     stats: BatchingStats = field(default_factory=BatchingStats)
-    _queue: Optional[asyncio.Queue] = None
-    _task: Optional[asyncio.Task] = None
-    _worker: Optional[ThreadPoolExecutor] = None
+    _queue: Optional[asyncio.Queue] = field(default=None, init=False, repr=False)
+    _task: Optional[asyncio.Task] = field(default=None, init=False, repr=False)
+    _worker: Optional[ThreadPoolExecutor] = field(default=None, init=False, repr=False)
 
     def start(self) -> None:
         """Start collecting (in the running event loop) with a fresh worker thread."""

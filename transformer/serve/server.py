@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import sys
 from typing import Optional
 
 import torch
@@ -10,8 +10,6 @@ import uvicorn
 
 from ..ct2 import open_translator
 from .app import ServeLimits, create_app
-
-logger = logging.getLogger(__name__)
 
 
 def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int = 0,
@@ -37,6 +35,6 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
     translator = open_translator(checkpoint, device=device)
     app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
                      max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
-    logger.warning("serving %s on http://%s:%d (page at /, API: POST /translate, POST /attention, GET /health)",
-                   checkpoint, host, port)
+    print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
+          "GET /health)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
