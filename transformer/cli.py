@@ -43,6 +43,8 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
     group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
     group.add_argument("--max-len-b", type=int, help="see --max-len-a")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    group.add_argument("--quantization", choices=["int8"],
+                       help="int8: decode with int8 dynamically quantized linear layers (CPU; faster, see README)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    serve.add_argument("--quantization", choices=["int8"], help="int8: int8 dynamically quantized linear layers (CPU)")
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)")
     serve.add_argument("--max-sentences", type=int, default=128, help="sentences per request (default 128)")
     serve.add_argument("--max-chars", type=int, default=2000, help="characters per sentence (default 2000)")
@@ -209,7 +212,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
-    translator = open_translator(args.checkpoint, device=args.device)
+    translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
@@ -259,7 +262,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .ct2 import open_translator
     from .evaluate import corpus_scores
 
-    translator = open_translator(args.checkpoint, device=args.device)
+    translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization)
     src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)
     hyps: list[str] = []
     with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
@@ -320,7 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_beam_size=args.max_beam_size, max_request_bytes=args.max_request_bytes)
     run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
                limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
-               access_log=not args.no_access_log)
+               access_log=not args.no_access_log, quantization=args.quantization)
     return 0
 
 

@@ -213,12 +213,19 @@ class CTranslate2Translator:
         return results
 
 
-def open_translator(checkpoint: str | Path, device: str = "cpu") -> Any:
-    """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder."""
+def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None) -> Any:
+    """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
+
+    Raises:
+        ConfigError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`).
+    """
     if is_ctranslate2_dir(checkpoint):
+        if quantization:
+            raise ConfigError(f"--quantization {quantization}: {checkpoint} is a CTranslate2 folder, whose weight type "
+                              "is chosen when exporting (transformer export --quantization ...)")
         return CTranslate2Translator(checkpoint, device=device)
     from .translate import Translator
-    return Translator.from_checkpoint(checkpoint, device=device)
+    return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization)
 
 
 __all__ = ["CTranslate2Translator", "ExportError", "export_ctranslate2", "is_ctranslate2_dir", "open_translator"]

@@ -19,11 +19,12 @@ from typing import Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import EOS_ID, Config, DecodingConfig
+from .config import EOS_ID, Config, ConfigError, DecodingConfig
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
 from .model import Transformer
+from .model.inference import for_cpu_decoding
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -48,27 +49,42 @@ class Translator:
         tokenizer: its sentencepiece models.
         config: the run's config (decoding defaults come from `config.decoding`).
         device: where to decode.
+        quantization: None (float32, as trained) or "int8": linear layers int8 dynamically quantized (CPU only).
+            On the CPU the model decodes as a copy made by `model.inference.for_cpu_decoding` (weight layout,
+            quantization).
+
+    Raises:
+        ConfigError: an unknown quantization, or int8 on a device other than the CPU.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", quantization: Optional[str] = None) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        if quantization not in (None, "int8"):
+            raise ConfigError(f"quantization must be int8 (or none for float32), got {quantization!r}")
+        if quantization and self.device.type != "cpu":
+            raise ConfigError(f"--quantization {quantization} decodes on the CPU only, not on {self.device}")
+        if self.device.type == "cpu":
+            self.model = for_cpu_decoding(self.model, quantization)
+        self.quantization = quantization
         self.tokenizer = tokenizer
         self.config = config
         self.stats = TranslationStats()
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "cpu") -> "Translator":
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu",
+                        quantization: Optional[str] = None) -> "Translator":
         """Rebuild model, tokenizer and config from one checkpoint file (whatever device trained it).
 
         Raises:
             CheckpointError: the file is missing, corrupt or unsafe.
             DeviceError: the device is not available.
+            ConfigError: as `Translator`, for the quantization.
         """
         resolved = resolve_device(device)
         config, model, tokenizer = load_for_inference(path)
-        return cls(model, tokenizer, config, resolved)
+        return cls(model, tokenizer, config, resolved, quantization=quantization)
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated.
