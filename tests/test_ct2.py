@@ -67,3 +67,9 @@ def test_int8_export_translates(trained_run, tmp_path, capsys):
     assert json.loads((out / "transformer_nmt.json").read_text())["quantization"] == "int8"
     assert main(["translate", "--checkpoint", str(out), "Ein Mann fährt Fahrrad."]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_quantization_flag_refused_for_an_exported_folder(exported, capsys):
+    assert main(["translate", "--checkpoint", str(exported), "--quantization", "int8", "Ein Hund."]) == 2
+    err = capsys.readouterr().err
+    assert "--quantization int8" in err and "CTranslate2 folder" in err and "transformer export" in err

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import BOS_ID, EOS_ID
+from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..model import Transformer
 
 
@@ -58,7 +58,8 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
                   max_len_b: int = 10, min_len: int = 0, use_cache: bool = True) -> list[Hypothesis]:
-    """Pick the most probable next token until eos or the length cap, for a batch of sentences.
+    """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
+    never picked, eos not before min_len tokens.
 
     Finished sentences leave the batch, so the work per step shrinks as sentences end, and the loop
     stops as soon as the last one has ended.
@@ -87,6 +88,8 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     for step in range(max(max_lengths)):
         logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (alive, tgt_vocab_size)
+        lprobs[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
+        lprobs[:, BOS_ID] = float("-inf")
         if step < min_len:
             lprobs[:, EOS_ID] = float("-inf")
         best_lprobs, best = lprobs.max(dim=-1)
