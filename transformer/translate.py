@@ -66,7 +66,10 @@ class Translator:
         if quantization and self.device.type != "cpu":
             raise ConfigError(f"--quantization {quantization} decodes on the CPU only, not on {self.device}")
         if self.device.type == "cpu":
-            self.model = for_cpu_decoding(self.model, quantization)
+            try:
+                self.model = for_cpu_decoding(self.model, quantization)
+            except ValueError as err:  # int8 unavailable in this PyTorch build
+                raise ConfigError(f"--quantization {quantization}: {err}") from err
         self.quantization = quantization
         self.tokenizer = tokenizer
         self.config = config

@@ -69,6 +69,8 @@ def _quantize_int8(model: Transformer) -> Transformer:
         # package, and that quantized tensor constructors will go; it is still PyTorch's own, tested path.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated")
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
+        try:
+            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+        except ImportError as err:
+            raise ValueError(f"int8 needs torch.ao.quantization, which PyTorch {torch.__version__} lacks") from err
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
