@@ -75,6 +75,7 @@ def test_health_describes_model_vocabulary_device_and_uptime(client, translator,
     assert body["status"] == "ok" and body["device"] == "cpu" and body["uptime_s"] >= 0
     assert body["model"]["checkpoint"] == checkpoint.name and body["model"]["engine"] == "pytorch"
     assert body["model"]["parameters"] == sum(p.numel() for p in translator.model.parameters())
+    assert body["model"]["quantization"] is None
     assert body["vocabulary"] == {"src_lang": "de", "tgt_lang": "en", "src_size": translator.tokenizer.src_vocab_size,
                                   "tgt_size": translator.tokenizer.tgt_vocab_size, "joint": True}
     assert body["decoding"]["beam_size"] == translator.config.decoding.beam_size

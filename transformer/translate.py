@@ -61,6 +61,7 @@ class Translator:
                  device: torch.device | str = "cpu", quantization: Optional[str] = None) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        self.num_parameters = self.model.num_parameters()  # of the trained model (int8 layers hold no Parameters)
         if quantization not in (None, "int8"):
             raise ConfigError(f"quantization must be int8 (or none for float32), got {quantization!r}")
         if quantization and self.device.type != "cpu":

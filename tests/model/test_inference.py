@@ -101,6 +101,8 @@ def test_int8_translations_close_to_float32(translators, multi30k_subset):
     """On the trained model: int8 greedy output mostly the same sentences, BLEU within a point."""
     fp32, int8 = translators
     assert int8.quantization == "int8" and fp32.quantization is None
+    assert int8.num_parameters == fp32.num_parameters == fp32.model.num_parameters()
+    assert int8.model.num_parameters() < int8.num_parameters  # quantized layers hold packed weights instead
     src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")[:100]
     ref = gzip.open(multi30k_subset / "test_2016_flickr.en.gz", "rt").read().split("\n")[:100]
     a, b = fp32.translate(src, beam_size=1), int8.translate(src, beam_size=1)
