@@ -142,6 +142,7 @@ class GatedTranslator:
     def __init__(self, translator: Translator) -> None:
         self.inner, self.calls, self.gate = translator, [], threading.Event()
         self.config, self.tokenizer, self.model = translator.config, translator.tokenizer, translator.model
+        self.num_parameters, self.quantization = translator.num_parameters, translator.quantization
         self.decoding_options = translator.decoding_options
 
     def translate_n_best(self, sentences, **options):
@@ -169,14 +170,16 @@ def test_requests_that_arrive_during_a_decode_share_the_next_one_and_health_answ
 
         first = threading.Thread(target=send, args=(0,))
         first.start()
-        _wait_until(lambda: len(gated.calls) == 1, "the first decoding call")
         others = [threading.Thread(target=send, args=(i,)) for i in range(1, len(requests))]
-        for t in others:
-            t.start()
-        _wait_until(lambda: batcher.n_waiting == len(others), "the other requests to queue")
-        health = client.get("/health")  # the event loop answers while the worker thread decodes
-        assert health.status_code == 200 and health.json()["batching"]["batches"] == 0
-        gated.gate.set()
+        try:
+            _wait_until(lambda: len(gated.calls) == 1, "the first decoding call")
+            for t in others:
+                t.start()
+            _wait_until(lambda: batcher.n_waiting == len(others), "the other requests to queue")
+            health = client.get("/health")  # the event loop answers while the worker thread decodes
+            assert health.status_code == 200 and health.json()["batching"]["batches"] == 0, health.text
+        finally:
+            gated.gate.set()  # a failed check must not leave the decoding thread waiting
         for t in [first, *others]:
             t.join(60)
         stats = client.get("/health").json()["batching"]
