@@ -107,8 +107,7 @@ def main() -> None:
             ctranslate2_models.append((f"ctranslate2 {ctranslate2.__version__} {quantization}", model))
     ours = [("ours", translator)]
     if args.int8:
-        ours.append(("ours int8", Translator(translator.model, translator.tokenizer, translator.config,
-                                             quantization="int8")))
+        ours.append(("ours int8", Translator.from_checkpoint(args.checkpoint, device="cpu", quantization="int8")))
     for _, decoder in ours:
         decoder.decode_ids(src_ids[:16], decoder.config.decoding)  # warm-up
     settings = [(mode, int(b)) for mode in args.modes.split(",") for b in args.batch_sizes.split(",")]

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'transformer-nmt[serve]'")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from transformer import Transformer  # noqa: E402
 from transformer.attention_plot import attention_for  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.serve import ServeLimits, create_app  # noqa: E402
@@ -74,7 +75,7 @@ def test_health_describes_model_vocabulary_device_and_uptime(client, translator,
     body = client.get("/health").json()
     assert body["status"] == "ok" and body["device"] == "cpu" and body["uptime_s"] >= 0
     assert body["model"]["checkpoint"] == checkpoint.name and body["model"]["engine"] == "pytorch"
-    assert body["model"]["parameters"] == sum(p.numel() for p in translator.model.parameters())
+    assert body["model"]["parameters"] == Transformer(translator.model.config).num_parameters()  # as trained
     assert body["model"]["quantization"] is None
     assert body["vocabulary"] == {"src_lang": "de", "tgt_lang": "en", "src_size": translator.tokenizer.src_vocab_size,
                                   "tgt_size": translator.tokenizer.tgt_vocab_size, "joint": True}
