@@ -58,10 +58,14 @@ def test_split_projections_give_the_same_attention():
     attn = MultiHeadAttention(32, 4).eval()
     query, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
     padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    values = torch.randn(2, 5, 32)
     expected, _ = attn(query, memory, memory, key_padding_mask=padding)
+    expected_kv, _ = attn(query, memory, values, key_padding_mask=padding)  # separate keys and values
     attn.split_projections()
     got, _ = attn(query, memory, memory, key_padding_mask=padding)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(attn(query, memory, values, key_padding_mask=padding)[0], expected_kv,
+                               atol=1e-6, rtol=1e-6)
     self_expected, _ = attn(query, query, query)  # self-attention keeps the packed in_proj
     assert attn.q_proj is not None and attn.kv_proj.out_features == 64
     torch.testing.assert_close(self_expected, attn(query, query, query)[0])

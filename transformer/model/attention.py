@@ -247,6 +247,8 @@ class MultiHeadAttention(nn.Module):
             q = self._project_q(query)
             if key is value:  # encoder-decoder attention: one matmul for K and V
                 k, v = self._project_kv(key)
+            elif self.kv_proj is not None:  # a decoding copy (`split_projections`): no in_proj.weight to slice
+                k, v = self._project_kv(key)[0], self._project_kv(value)[1]
             else:
                 d, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
                 k = F.linear(key, weight[d:2 * d], bias[d:2 * d])
