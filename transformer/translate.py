@@ -54,7 +54,8 @@ class Translator:
             quantization).
 
     Raises:
-        ConfigError: an unknown quantization, or int8 on a device other than the CPU.
+        ConfigError: an unknown quantization, int8 on a device other than the CPU, or int8 unavailable in this
+            PyTorch build.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
@@ -62,15 +63,13 @@ class Translator:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()  # of the trained model (int8 layers hold no Parameters)
-        if quantization not in (None, "int8"):
-            raise ConfigError(f"quantization must be int8 (or none for float32), got {quantization!r}")
         if quantization and self.device.type != "cpu":
             raise ConfigError(f"--quantization {quantization} decodes on the CPU only, not on {self.device}")
         if self.device.type == "cpu":
             try:
                 self.model = for_cpu_decoding(self.model, quantization)
-            except ValueError as err:  # int8 unavailable in this PyTorch build
-                raise ConfigError(f"--quantization {quantization}: {err}") from err
+            except ValueError as err:  # an unknown quantization, or int8 unavailable in this PyTorch build
+                raise ConfigError(str(err)) from err
         self.quantization = quantization
         self.tokenizer = tokenizer
         self.config = config

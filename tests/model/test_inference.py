@@ -61,14 +61,14 @@ def test_split_projections_give_the_same_attention():
     values = torch.randn(2, 5, 32)
     expected, _ = attn(query, memory, memory, key_padding_mask=padding)
     expected_kv, _ = attn(query, memory, values, key_padding_mask=padding)  # separate keys and values
+    expected_self, _ = attn(query, query, query)
     attn.split_projections()
     got, _ = attn(query, memory, memory, key_padding_mask=padding)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(attn(query, memory, values, key_padding_mask=padding)[0], expected_kv,
                                atol=1e-6, rtol=1e-6)
-    self_expected, _ = attn(query, query, query)  # self-attention keeps the packed in_proj
     assert attn.q_proj is not None and attn.kv_proj.out_features == 64
-    torch.testing.assert_close(self_expected, attn(query, query, query)[0])
+    torch.testing.assert_close(attn(query, query, query)[0], expected_self)  # self-attention keeps in_proj
 
 
 def test_int8_replaces_every_linear_layer_and_stays_close(model):
@@ -139,7 +139,7 @@ def test_int8_translations_close_to_float32(translators, multi30k_subset):
 
 def test_translator_refuses_unknown_quantization(translators):
     fp32, _ = translators
-    with pytest.raises(ConfigError, match="quantization must be int8"):
+    with pytest.raises(ConfigError, match="quantization must be None or 'int8', got 'float16'"):
         Translator(fp32.model, fp32.tokenizer, fp32.config, quantization="float16")
 
 

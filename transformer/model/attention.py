@@ -247,12 +247,8 @@ class MultiHeadAttention(nn.Module):
             q = self._project_q(query)
             if key is value:  # encoder-decoder attention: one matmul for K and V
                 k, v = self._project_kv(key)
-            elif self.kv_proj is not None:  # a decoding copy (`split_projections`): no in_proj.weight to slice
+            else:  # distinct keys and values (not used by the model): each through [W^K; W^V], half kept
                 k, v = self._project_kv(key)[0], self._project_kv(value)[1]
-            else:
-                d, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
-                k = F.linear(key, weight[d:2 * d], bias[d:2 * d])
-                v = F.linear(value, weight[2 * d:], bias[2 * d:])
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
         if cache is not None:
             if cache.is_static:  # stored contiguous: read at every step, and head-split views of it are not

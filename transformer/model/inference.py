@@ -5,10 +5,10 @@ uses it whenever it decodes on the CPU.
 
 * Float32 (the default). Every linear layer is replaced by `PackedLinear`: oneDNN's linear kernel on a weight
   reordered once into oneDNN's blocked layout (`torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses),
-  instead of MKL's sgemm on the row-major weight: on the de→en Multi30k model 1.1-1.2x faster greedy and about
-  1.05x faster beam-5 decoding at batch 64 (README, "Decoding speed"). Where this PyTorch build has no oneDNN,
-  the weights are instead stored column-major (`W.t().contiguous().t()`: same shape and values), which hands
-  sgemm two plain row-major operands (1.25-1.3x faster greedy than row-major). Same arithmetic; only the
+  instead of MKL's sgemm: on the de→en Multi30k model, batch 64, against column-major weights, 1.0-1.4x faster
+  greedy and 1.03-1.06x faster beam-5 decoding (README, "Decoding speed"). Where this PyTorch build has no
+  oneDNN, the weights are instead stored column-major (`W.t().contiguous().t()`: same shape and values), which
+  hands sgemm two plain row-major operands (1.2-1.35x faster greedy than row-major). Same arithmetic; only the
   summation order inside the kernels may differ (float rounding).
 * Int8 dynamic quantization (`quantization="int8"`). Every linear layer — the attention projections W^Q, W^K,
   W^V, W^O, both feed-forward layers and the output projection — becomes PyTorch's dynamically quantized linear
