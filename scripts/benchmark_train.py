@@ -53,13 +53,23 @@ from transformer.training.trainer import train_step
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 4096, repeats: int = 5) -> float:
-    """Measured GFLOP/s of a size x size x size matrix multiplication."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
+    """Measured GFLOP/s of a size x size x size matrix multiplication.
+
+    The size grows from 256 by doubling up to `size` while one product takes under 0.25 s, so that a dtype this
+    CPU computes slowly (bf16 without AVX-512 BF16 or AMX: a few GFLOP/s) is measured in seconds, not minutes.
+    """
+    n = 256
+    while True:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        start = time.perf_counter()
+        a @ b
+        if n >= size or time.perf_counter() - start > 0.25:
+            break
+        n *= 2
     start = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
+    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def training_flops(config: Config, src_len: int, tgt_len: int) -> float:
