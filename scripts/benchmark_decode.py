@@ -17,7 +17,10 @@ Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr:
 it in each setting and prints one JSON line per setting:
     {"mode": "beam4", "cache": true, "batch_size": 64, "sentences": 1000, "seconds": ..,
      "sentences_per_s": .., "tgt_tokens_per_s": .., "threads": 2}
-tgt_tokens_per_s counts the output tokens (eos included) per second of decoding, tokenization excluded.
+tgt_tokens_per_s counts the output tokens (eos included) per second of decoding, tokenization excluded. Neither
+engine is asked for scores (CTranslate2's default, `return_scores=False`; ours `decode_ids(..., scores=False)`, as
+`Translator.translate` and `transformer translate` without --n-best): greedy then takes the argmax of the logits
+without a log-softmax; beam search needs the log-probabilities either way.
 A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed, the cache speed-up of
 each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round).
 """
@@ -52,7 +55,7 @@ def run(translator: Translator, src_ids: list, mode: str, use_cache: bool, batch
         engine: str = "ours") -> dict:
     options = mode_options(translator.config.decoding, mode, batch_size)
     start = time.perf_counter()
-    hyps = translator.decode_ids(src_ids, options, use_cache=use_cache)
+    hyps = translator.decode_ids(src_ids, options, use_cache=use_cache, scores=False)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(h[0].tokens) + h[0].finished for h in hyps)
     return {"engine": engine, "mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),

@@ -219,7 +219,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     index = 0
     try:
         for lines in _input_chunks(args):
-            for hyps in translator.translate_n_best(lines, n_best=n_best, **_decoding_kwargs(args)):
+            for hyps in translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
+                                                    **_decoding_kwargs(args)):
                 if args.n_best:
                     for text, score in hyps:
                         out.write(f"{index}\t{score:.4f}\t{text}\n")

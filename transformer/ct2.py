@@ -184,11 +184,12 @@ class CTranslate2Translator:
         return decoding_options(self.config.decoding, **overrides)
 
     def translate(self, sentences: list[str], **options: Any) -> list[str]:
-        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, **options)]
+        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, **options)]
 
-    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None,
+    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
                          **options: Any) -> list[list[tuple[str, float]]]:
-        """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output)."""
+        """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output); with
+        scores=False CTranslate2 does not compute them and each score is NaN."""
         o = self.decoding_options(n_best=n_best, **options)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * o.n_best for _ in sentences]
         texts = [s.strip() for s in sentences]
@@ -205,11 +206,12 @@ class CTranslate2Translator:
             out = self.model.translate_batch(
                 source, beam_size=o.beam_size, length_penalty=o.length_penalty if o.beam_size > 1 else 0.0,
                 num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,
-                return_scores=True, max_batch_size=o.batch_size)
+                return_scores=scores, max_batch_size=o.batch_size)
             for i, cap, result in zip(chunk, caps, out):
                 # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
                 results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h[:cap]]), score)
-                              for h, score in zip(result.hypotheses, result.scores)]
+                              for h, score in zip(result.hypotheses,
+                                                  result.scores if scores else [float("nan")] * len(result.hypotheses))]
         return results
 
 

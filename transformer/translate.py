@@ -108,14 +108,17 @@ class Translator:
         """
         n_best = self.translate_n_best(sentences, n_best=1, beam_size=beam_size, length_penalty=length_penalty,
                                        batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
-                                       min_len=min_len)
+                                       min_len=min_len, scores=False)
         return [hyps[0][0] for hyps in n_best]
 
     def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, beam_size: Optional[int] = None,
                          length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
                          max_len_a: Optional[float] = None, max_len_b: Optional[int] = None,
-                         min_len: Optional[int] = None) -> list[list[tuple[str, float]]]:
+                         min_len: Optional[int] = None, scores: bool = True) -> list[list[tuple[str, float]]]:
         """Translate sentences and return the n best (text, score) pairs of each, best first.
+
+        With scores=False greedy decoding (beam_size 1) skips the log-softmax and reports NaN scores (see
+        `decode_ids`); beam search computes them anyway.
 
         Raises:
             ConfigError: an option is out of range (e.g. n_best > beam_size).
@@ -124,7 +127,7 @@ class Translator:
                                         batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
                                         min_len=min_len)
         src_ids, n_truncated = self._encode(sentences)
-        hypotheses = self.decode_ids(src_ids, options)
+        hypotheses = self.decode_ids(src_ids, options, scores=scores)
         self.stats.n_truncated = n_truncated
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
@@ -152,7 +155,7 @@ class Translator:
 
     @torch.no_grad()
     def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig,
-                   use_cache: bool = True) -> list[list[Hypothesis]]:
+                   use_cache: bool = True, scores: bool = True) -> list[list[Hypothesis]]:
         """Decode source id sequences in batches of similar length; None inputs give one empty hypothesis.
 
         Args:
@@ -160,6 +163,8 @@ class Translator:
             options: decoding settings (see `decoding_options`).
             use_cache: decode on the key/value cache (False recomputes every prefix, as `benchmark_decode.py`
                 does to measure what the cache saves).
+            scores: compute greedy hypotheses' log-probabilities; False skips the per-step log-softmax over the
+                vocabulary (same tokens, `Hypothesis.score` NaN), as CTranslate2 does unless asked for scores.
 
         Returns:
             Per input, `options.n_best` hypotheses, best first.
@@ -169,7 +174,8 @@ class Translator:
         order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
         for chunk in _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options):
             batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
-            for i, hyps in zip(chunk, self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache)):
+            decoded = self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache, scores)
+            for i, hyps in zip(chunk, decoded):
                 results[i] = hyps
         for hyps in results:
             self.stats.n_hit_max_len += not hyps[0].finished
@@ -181,10 +187,10 @@ class Translator:
         return results
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
-                      use_cache: bool) -> list[list[Hypothesis]]:
+                      use_cache: bool, scores: bool = True) -> list[list[Hypothesis]]:
         if options.beam_size == 1:
             hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len,
-                                 use_cache=use_cache)
+                                 use_cache=use_cache, scores=scores)
             return [[h] for h in hyps]
         return beam_search(self.model, src, mask, options.beam_size, options.length_penalty, options.n_best,
                            options.max_len_a, options.max_len_b, options.min_len, use_cache=use_cache)

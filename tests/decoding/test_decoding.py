@@ -59,6 +59,19 @@ def test_batch_decodes_like_each_sentence_alone(model, beam_size):
         assert greedy_decode(model, row, row.eq(PAD_ID), max_len_b=8)[0].tokens == greedy[i].tokens
 
 
+@pytest.mark.parametrize("min_len", [0, 3])
+def test_greedy_without_scores_picks_the_same_tokens(model, min_len):
+    """scores=False takes the argmax of the logits (no log-softmax): the same outputs, NaN scores."""
+    src, mask = _src()
+    with_scores = greedy_decode(model, src, mask, max_len_b=8, min_len=min_len)
+    without = greedy_decode(model, src, mask, max_len_b=8, min_len=min_len, scores=False)
+    assert [(h.tokens, h.finished) for h in without] == [(h.tokens, h.finished) for h in with_scores]
+    assert all(h.score != h.score for h in without)  # NaN
+    assert all(h.score == h.score for h in with_scores)
+    if min_len:
+        assert all(len(h.tokens) >= min_len for h in without)
+
+
 def test_first_step_decodes_one_row_per_sentence(model, monkeypatch):
     """Every sentence starts from the one hypothesis bos: the first step decodes a row per sentence (no copies of
     it), later steps beam_size rows per live sentence; the hypotheses found are distinct."""

@@ -21,7 +21,7 @@ class Hypothesis:
     Attributes:
         tokens: target ids without bos and eos.
         score: sum of the token log-probabilities (eos included when finished), divided by the length
-            penalty in beam search (see `decoding/beam.py`).
+            penalty in beam search (see `decoding/beam.py`); NaN from greedy decoding with `scores=False`.
         finished: True if the sequence ended with eos; False if it was cut at the length cap.
     """
 
@@ -57,7 +57,8 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0, use_cache: bool = True) -> list[Hypothesis]:
+                  max_len_b: int = 10, min_len: int = 0, use_cache: bool = True,
+                  scores: bool = True) -> list[Hypothesis]:
     """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
     never picked, eos not before min_len tokens.
 
@@ -72,6 +73,9 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
         min_len: eos is not allowed before this many tokens.
         use_cache: decode one new position per step on the key/value cache (True) or rerun the decoder
             over the whole prefix at every step (False; for tests and benchmarks).
+        scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
+            False the most probable token is taken from the logits directly (the same tokens; the normalization
+            is skipped, as CTranslate2 does unless asked for scores) and `Hypothesis.score` is NaN.
 
     Returns:
         One `Hypothesis` per sentence, in input order.
@@ -84,18 +88,24 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     prefix = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)  # (alive, step + 1)
     alive = list(range(n))  # input positions of the rows still decoding
     outputs: list[list[int]] = [[] for _ in range(n)]
-    scores, finished = [0.0] * n, [False] * n
+    totals, finished = [0.0 if scores else float("nan")] * n, [False] * n
     for step in range(max(max_lengths)):
         logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (alive, tgt_vocab_size)
+        # (alive, tgt_vocab_size); the argmax is the same before and after the log-softmax
+        lprobs = torch.log_softmax(logits.float(), dim=-1) if scores else logits
         lprobs[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
         lprobs[:, BOS_ID] = float("-inf")
         if step < min_len:
             lprobs[:, EOS_ID] = float("-inf")
-        best_lprobs, best = lprobs.max(dim=-1)
+        if scores:
+            best_lprobs, best = lprobs.max(dim=-1)
+            step_scores = best_lprobs.tolist()
+        else:
+            best = lprobs.argmax(dim=-1)
+            step_scores = [0.0] * len(alive)
         keep = []
-        for row, (i, token, lprob) in enumerate(zip(alive, best.tolist(), best_lprobs.tolist())):
-            scores[i] += lprob
+        for row, (i, token, lprob) in enumerate(zip(alive, best.tolist(), step_scores)):
+            totals[i] += lprob
             if token == EOS_ID:
                 finished[i] = True
                 continue
@@ -113,4 +123,4 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
                 cache.select(index, index)
             alive = [alive[row] for row in keep]
         prefix = torch.cat([prefix, best[:, None]], dim=1)
-    return [Hypothesis(outputs[i], scores[i], finished[i]) for i in range(n)]
+    return [Hypothesis(outputs[i], totals[i], finished[i]) for i in range(n)]
