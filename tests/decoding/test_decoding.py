@@ -72,26 +72,6 @@ def test_greedy_without_scores_picks_the_same_tokens(model, min_len):
         assert all(len(h.tokens) >= min_len for h in without)
 
 
-def test_first_step_decodes_one_row_per_sentence(model, monkeypatch):
-    """Every sentence starts from the one hypothesis bos: the first step decodes a row per sentence (no copies of
-    it), later steps beam_size rows per live sentence; the hypotheses found are distinct."""
-    src, mask = _src()
-    rows = []
-    decode = model.decode
-
-    def recording_decode(tgt, *args, **kwargs):
-        rows.append(tgt.size(0))
-        return decode(tgt, *args, **kwargs)
-
-    monkeypatch.setattr(model, "decode", recording_decode)
-    hyps = beam_search(model, src, mask, beam_size=4, n_best=4, min_len=2, max_len_b=8)
-    assert rows[0] == src.size(0)
-    assert rows[1] == 4 * src.size(0)  # min_len 2: no sentence can be done after the first step
-    assert all(r % 4 == 0 for r in rows[1:])
-    for sentence in hyps:
-        assert len({tuple(h.tokens) for h in sentence}) == len(sentence) == 4
-
-
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_cached_equals_uncached(model, beam_size):
     src, mask = _src()

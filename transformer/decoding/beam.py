@@ -1,7 +1,6 @@
 """Batched beam search on the key/value cache (Vaswani et al. 2017, §6.1: beam 4, length penalty α = 0.6).
 
-All sentences of a batch are searched together as `batch x beam_size` rows (one row per sentence at the first
-step, when each has a single hypothesis, bos: no copies are decoded). One step:
+All sentences of a batch are searched together as `batch x beam_size` rows. One step:
 
 1. expand: every live hypothesis gets its 2·beam_size most probable next tokens (no other can be selected);
 2. select: per sentence, the 2·beam_size best (hypothesis, token) candidates by total log-probability;
@@ -50,9 +49,8 @@ class BeamSearchState:
 
     Attributes:
         alive: input positions of those sentences, `n_alive` of them.
-        scores: `(n_alive, width)` total log-probability of each live hypothesis; width is 1 before the first
-            step (bos alone) and beam_size after it.
-        prefixes: `(n_alive * width, step + 1)` token ids, bos first.
+        scores: `(n_alive, beam_size)` total log-probability of each live hypothesis.
+        prefixes: `(n_alive * beam_size, step + 1)` token ids, bos first.
         memory: `(n_alive, src_len, d_model)`, one row per sentence, shared by its beams (the decoder's
             encoder-decoder attention reads it for each group of beam_size rows); mask: `(n_alive, src_len)`.
         cache: the decoder's `DecoderCache` (None when decoding without a cache).
@@ -66,19 +64,19 @@ class BeamSearchState:
     cache: DecoderCache | None
 
 
-def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, use_cache: bool) -> BeamSearchState:
-    """Encode once and start each sentence with one live hypothesis (bos, score 0): the first step decodes one
-    row per sentence, and `advance` then fans each out into its beam_size best continuations."""
+def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, beam_size: int,
+               use_cache: bool) -> BeamSearchState:
+    """Encode once, repeat the memory for every beam, and start each sentence with one live hypothesis."""
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (n, src_len, d_model): the beams of a sentence share it
-    scores = torch.zeros((n, 1), device=src.device)
-    prefixes = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)
+    scores = torch.full((n, beam_size), float("-inf"), device=src.device)
+    scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
+    prefixes = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
     return BeamSearchState(list(range(n)), scores, prefixes, memory, src_key_padding_mask,
                            model.new_cache() if use_cache else None)
 
 
-def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int,
-           beam_size: int) -> tuple[Tensor, Tensor]:
+def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
     Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
@@ -86,9 +84,8 @@ def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int,
     scores and compared: `(rows, k)` instead of `(rows, vocab)` numbers.
 
     Returns:
-        scores and tokens, each `(n_alive, width, k)` with width the live hypotheses per sentence (see
-        `BeamSearchState.scores`) and k = min(2·beam_size, vocab): total log-probabilities of the candidates;
-        pad and bos are never produced, eos not before min_len.
+        scores and tokens, each `(n_alive, beam_size, k)` with k = min(2·beam_size, vocab): total
+        log-probabilities of the candidates; pad and bos are never produced, eos not before min_len.
     """
     tokens = state.prefixes[:, -1:] if state.cache is not None else state.prefixes
     logits = model.decode(tokens, state.memory, state.mask, cache=state.cache)[:, -1]
@@ -97,50 +94,50 @@ def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int,
     lprobs[:, BOS_ID] = float("-inf")
     if step < min_len:
         lprobs[:, EOS_ID] = float("-inf")
-    n_alive, width = state.scores.shape
+    n_alive, beam_size = state.scores.shape
     best_lprobs, best_tokens = lprobs.topk(min(2 * beam_size, lprobs.size(-1)), dim=-1)  # (rows, k)
-    return (state.scores[:, :, None] + best_lprobs.view(n_alive, width, -1),
-            best_tokens.view(n_alive, width, -1))
+    return (state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
+            best_tokens.view(n_alive, beam_size, -1))
 
 
 def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2·beam_size best candidates of each sentence (enough to keep beam_size that do not end in eos).
 
     Args:
-        candidate_scores, candidate_tokens: `(n_alive, width, k)` from `expand`.
+        candidate_scores, candidate_tokens: `(n_alive, beam_size, k)` from `expand`.
 
     Returns:
-        scores, source beams (0 <= beam < width) and tokens, each `(n_alive, 2 * beam_size)` (fewer if the
-        vocabulary is smaller), best first.
+        scores, source beams and tokens, each `(n_alive, 2 * beam_size)` (fewer if the vocabulary is smaller),
+        best first.
     """
-    n_alive, width, k = candidate_scores.shape
-    top_scores, top_index = candidate_scores.view(n_alive, -1).topk(min(2 * beam_size, k * width), dim=1)
+    n_alive, _, k = candidate_scores.shape
+    top_scores, top_index = candidate_scores.view(n_alive, -1).topk(min(2 * beam_size, k * beam_size), dim=1)
     return top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index)
 
 
 def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_scores: Tensor, top_beams: Tensor,
-                      top_tokens: Tensor, step: int, alpha: float, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
+                      top_tokens: Tensor, step: int, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
     """Move eos candidates into the finished lists, pick the next live beams, and mark sentences done.
 
     Returns:
         next_scores, next_rows and next_tokens, each `(n_alive, beam_size)`: for each next live hypothesis,
         its score, the row of `state.prefixes` it extends, and the token it adds.
     """
-    n_alive, width = state.scores.shape
+    n_alive, beam_size = state.scores.shape
     is_eos = top_tokens.eq(EOS_ID) | top_scores.isneginf()
     # The first beam_size candidates that do not end in eos (stable order: best first).
     rank = is_eos.long() * top_tokens.size(1) + torch.arange(top_tokens.size(1), device=top_tokens.device)
     keep = rank.argsort(dim=1)[:, :beam_size]
     next_scores, next_beams = top_scores.gather(1, keep), top_beams.gather(1, keep)
     next_tokens = top_tokens.gather(1, keep)
-    base = torch.arange(n_alive, device=top_beams.device)[:, None] * width
-    next_rows = base + next_beams  # (n_alive, beam_size): rows of the current width-row layout
+    base = torch.arange(n_alive, device=top_beams.device)[:, None] * beam_size
+    next_rows = base + next_beams  # (n_alive, beam_size)
     eos_hits = (top_tokens[:, :beam_size].eq(EOS_ID) & top_scores[:, :beam_size].isfinite()).nonzero().tolist()
     if eos_hits:
         scores_list, beams_list = top_scores.tolist(), top_beams.tolist()
         for i, j in eos_hits:
             sentence = sentences[state.alive[i]]
-            tokens = state.prefixes[i * width + beams_list[i][j], 1:].tolist()
+            tokens = state.prefixes[i * beam_size + beams_list[i][j], 1:].tolist()
             raw = scores_list[i][j]
             sentence.finished.append(Hypothesis(tokens, raw / gnmt_length_penalty(step + 1, alpha), True))
     for i, index in enumerate(state.alive):
@@ -222,12 +219,11 @@ def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, b
         raise ValueError(f"need 1 <= n_best ({n_best}) <= beam_size ({beam_size})")
     max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
     sentences = [_Sentence(m) for m in max_lengths]
-    state = initialise(model, src, src_key_padding_mask, use_cache)
+    state = initialise(model, src, src_key_padding_mask, beam_size, use_cache)
     for step in range(max(max_lengths)):
-        candidate_scores, candidate_tokens = expand(model, state, step, min_len, beam_size)
+        candidate_scores, candidate_tokens = expand(model, state, step, min_len)
         top = select_top_k(candidate_scores, candidate_tokens, beam_size)
-        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty,
-                                                                beam_size)
+        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty)
         state = advance(state, sentences, next_scores, next_rows, next_tokens)
         if not state.alive:
             break
