@@ -208,10 +208,10 @@ class CTranslate2Translator:
                 num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,
                 return_scores=scores, max_batch_size=o.batch_size)
             for i, cap, result in zip(chunk, caps, out):
+                hyp_scores = result.scores if scores else [float("nan")] * len(result.hypotheses)
                 # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
                 results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h[:cap]]), score)
-                              for h, score in zip(result.hypotheses,
-                                                  result.scores if scores else [float("nan")] * len(result.hypotheses))]
+                              for h, score in zip(result.hypotheses, hyp_scores)]
         return results
 
 

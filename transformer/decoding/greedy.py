@@ -88,7 +88,7 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     prefix = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)  # (alive, step + 1)
     alive = list(range(n))  # input positions of the rows still decoding
     outputs: list[list[int]] = [[] for _ in range(n)]
-    totals, finished = [0.0 if scores else float("nan")] * n, [False] * n
+    totals, finished = [0.0] * n, [False] * n
     for step in range(max(max_lengths)):
         logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
         # (alive, tgt_vocab_size); the argmax is the same before and after the log-softmax
@@ -99,13 +99,12 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
             lprobs[:, EOS_ID] = float("-inf")
         if scores:
             best_lprobs, best = lprobs.max(dim=-1)
-            step_scores = best_lprobs.tolist()
+            for i, lprob in zip(alive, best_lprobs.tolist()):
+                totals[i] += lprob
         else:
             best = lprobs.argmax(dim=-1)
-            step_scores = [0.0] * len(alive)
         keep = []
-        for row, (i, token, lprob) in enumerate(zip(alive, best.tolist(), step_scores)):
-            totals[i] += lprob
+        for row, (i, token) in enumerate(zip(alive, best.tolist())):
             if token == EOS_ID:
                 finished[i] = True
                 continue
@@ -123,4 +122,4 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
                 cache.select(index, index)
             alive = [alive[row] for row in keep]
         prefix = torch.cat([prefix, best[:, None]], dim=1)
-    return [Hypothesis(outputs[i], totals[i], finished[i]) for i in range(n)]
+    return [Hypothesis(outputs[i], totals[i] if scores else float("nan"), finished[i]) for i in range(n)]
