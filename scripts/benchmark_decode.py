@@ -4,7 +4,7 @@ side with CTranslate2.
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
-        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--repeat N]
+        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--repeat N] [--system-malloc]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
@@ -21,6 +21,8 @@ tgt_tokens_per_s counts the output tokens (eos included) per second of decoding,
 engine is asked for scores (CTranslate2's default, `return_scores=False`; ours `decode_ids(..., scores=False)`, as
 `Translator.translate` and `transformer translate` without --n-best): greedy then takes the argmax of the logits
 without a log-softmax; beam search needs the log-probabilities either way.
+Like `transformer translate`, it first calls `transformer.device.reuse_freed_memory` (glibc keeps freed memory
+for reuse instead of re-faulting its pages); --system-malloc skips that, to measure what it changes.
 A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed, the cache speed-up of
 each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round).
 """
@@ -38,6 +40,7 @@ import torch
 from transformer.config import DecodingConfig
 from transformer.data import load_split
 from transformer.decoding import max_output_length
+from transformer.device import reuse_freed_memory
 from transformer.translate import Translator
 
 
@@ -92,7 +95,11 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also decode with our int8-quantized model")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds over every engine and setting; the summary keeps each setting's fastest")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave glibc's allocator settings as they are (see reuse_freed_memory)")
     args = parser.parse_args()
+    if not args.system_malloc:
+        reuse_freed_memory()
     torch.set_num_threads(args.threads)
     translator = Translator.from_checkpoint(args.checkpoint, device="cpu")
     data = translator.config.data

@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/benchmark_train.py --config configs/multi30k_de_en.yaml [--steps 30] [--warmup 5]
-        [--threads 2] [--set model.n_heads=8 --set training.precision=fp32 ...] [--profile 25]
+        [--threads 2] [--set model.n_heads=8 --set training.precision=fp32 ...] [--profile 25] [--system-malloc]
 
 It prepares the data exactly as `transformer train` does (tokenizer trained in a temporary folder unless
 --run-dir holds one), runs `--warmup` updates, then times `--steps` updates of the real training step
@@ -10,9 +10,13 @@ It prepares the data exactly as `transformer train` does (tokenizer trained in a
 
     {"precision", "threads", "steps", "tgt_tokens_per_s", "src_tgt_tokens_per_s", "s_per_step",
      "tgt_tokens_per_step", "gflops_per_s", "mflop_per_tgt_token", "matmul_gflops_fp32", "matmul_gflops_bf16",
-     "mfu_fp32", "mfu_bf16", "peak_rss_mb", "parameters", "overrides"}
+     "mfu_fp32", "mfu_bf16", "page_faults_per_step", "kernel_s_per_step", "reuse_freed_memory", "peak_rss_mb",
+     "parameters", "overrides"}
 
 `precision` is what the recipe's `training.precision` resolves to here (`auto`: see `transformer/device.py`).
+Like `transformer train`, it first calls `transformer.device.reuse_freed_memory` (glibc keeps freed memory for
+reuse); `--system-malloc` skips that, to measure what it changes. `page_faults_per_step` (minor faults) and
+`kernel_s_per_step` (CPU seconds in the kernel) are per timed update.
 
 FLOPs are counted from the model's shapes, per sentence with its real lengths (ls source, lt target tokens,
 eos/bos included), as 2 FLOPs per multiply-add, and training = 3 x forward (backward is twice forward):
@@ -44,7 +48,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import Config, load_config
-from transformer.device import resolve_precision
+from transformer.device import resolve_precision, reuse_freed_memory
 from transformer.model import Transformer
 from transformer.training.data import epoch_batches, prepare_data
 from transformer.training.loss import LossComputation
@@ -94,7 +98,10 @@ def main() -> None:
     parser.add_argument("--run-dir", help="reuse the sentencepiece model of this run directory")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the timed updates and list the N most expensive operators")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave glibc's allocator settings as they are (see reuse_freed_memory)")
     args = parser.parse_args()
+    reused = False if args.system_malloc else reuse_freed_memory()
     torch.set_num_threads(args.threads)
     config = load_config(args.config, args.set)
     precision, _ = resolve_precision(config.training.precision, torch.device("cpu"))
@@ -116,6 +123,7 @@ def main() -> None:
             if profiler is not None:
                 profiler.start()
             start = time.perf_counter()
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             n_tgt = n_src = 0
             flops = 0.0
         group = batches[step * config.training.accumulate_steps:(step + 1) * config.training.accumulate_steps]
@@ -127,6 +135,7 @@ def main() -> None:
         flops += sum(training_flops(config, int(train.src_lengths[i]), int(train.tgt_lengths[i]))
                      for g in group for i in g)
     seconds = time.perf_counter() - start
+    end_usage = resource.getrusage(resource.RUSAGE_SELF)
     if profiler is not None:
         profiler.stop()
     fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
@@ -138,6 +147,9 @@ def main() -> None:
         "gflops_per_s": round(achieved, 1), "mflop_per_tgt_token": round(flops / n_tgt / 1e6, 1),
         "matmul_gflops_fp32": round(fp32, 1), "matmul_gflops_bf16": round(bf16, 1),
         "mfu_fp32": round(achieved / fp32, 3), "mfu_bf16": round(achieved / bf16, 3),
+        "page_faults_per_step": round((end_usage.ru_minflt - usage.ru_minflt) / args.steps),
+        "kernel_s_per_step": round((end_usage.ru_stime - usage.ru_stime) / args.steps, 3),
+        "reuse_freed_memory": reused,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "parameters": model.num_parameters(), "overrides": args.set}))
     if profiler is not None:

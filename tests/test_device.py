@@ -36,3 +36,49 @@ def test_auto_measures_this_cpu():
     precision, reason = resolve_precision("auto", torch.device("cpu"))
     assert precision in ("fp32", "bf16") and "bf16 matmul" in reason
     assert device_module.matmul_seconds(torch.float32, torch.device("cpu"), size=64, repeats=2) > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# reuse_freed_memory: glibc keeps large freed blocks mapped, so reallocating them does not fault pages in.
+# --------------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+_FAULTS_SCRIPT = """
+import resource, torch
+from transformer.device import reuse_freed_memory
+def step():  # a 40 MB result, freed at once: above glibc's 32 MB mmap ceiling
+    return (torch.ones(2560, 4096) * 2.0).sum().item()
+def fault_ratio():  # page faults per page allocated, once the heap has settled (a few steps)
+    for _ in range(10):
+        step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(4):
+        step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (4 * 2 * 2560 * 4096 * 4 // 4096)
+system = fault_ratio()
+applied = reuse_freed_memory()
+print(system, applied, fault_ratio())
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc", reason="glibc only")
+def test_reuse_freed_memory_stops_large_tensors_from_faulting_their_pages_again():
+    # A fresh process: this one may already have called it (the CLI tests run `transformer.cli.main` here).
+    environment = {k: v for k, v in os.environ.items() if k not in device_module.MALLOC_ENV_VARS}
+    out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], capture_output=True, text=True, check=True,
+                         env=dict(environment, OMP_NUM_THREADS="1")).stdout.split()
+    system, applied, reused = float(out[0]), out[1] == "True", float(out[2])
+    assert system > 0.9  # glibc alone: every page of every 40 MB tensor is faulted in again
+    assert applied
+    assert reused < 0.1  # kept mapped: (almost) none are
+
+
+def test_reuse_freed_memory_leaves_an_allocator_the_user_tuned(monkeypatch):
+    for name in device_module.MALLOC_ENV_VARS:
+        with monkeypatch.context() as patch:
+            patch.setenv(name, "131072")
+            assert device_module.reuse_freed_memory() is False

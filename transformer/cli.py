@@ -23,7 +23,7 @@ from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config, override_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
-from .device import DeviceError
+from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
 
 logger = logging.getLogger("transformer")
@@ -330,6 +330,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    reuse_freed_memory()  # glibc keeps freed tensor memory mapped: no page faults on every step's large tensors
     args.is_main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for all
     level = logging.DEBUG if args.verbose else (
         logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
