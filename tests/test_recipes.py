@@ -54,6 +54,7 @@ def test_wmt14_recipe_trains_a_few_steps(tmp_path, wmt_slice, name):
         "data.valid_max_sentences=4", "training.max_steps=2", "training.eval_every_steps=2",
         "training.accumulate_steps=2", "training.device=cpu", "training.threads=2",
         "decoding.max_len_a=0", "decoding.max_len_b=4",  # validation's greedy BLEU: an untrained model never stops
+        "training.keep_last_checkpoints=0",  # last.pt and best.pt only: the big model's full state is ~2 GB a file
         # the recipes' bf16 is for GPUs; a CPU without fast bf16 matmuls emulates it (100x slower on some)
         "training.precision=auto"])
     state = train(config, tmp_path / "run")
