@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import time
 
 import torch
@@ -42,8 +45,7 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, size: int = 1024, r
     once `budget_s` seconds have been spent, so that a dtype this CPU computes slowly costs one product rather
     than six (bf16 without hardware support: about 2 s each at 1024^3 on an AVX2-only CPU).
     """
-    def product(n: int) -> float:
-        a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+    def product(a: torch.Tensor, b: torch.Tensor) -> float:
         with torch.no_grad():
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -53,10 +55,14 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, size: int = 1024, r
                 torch.cuda.synchronize(device)
             return time.perf_counter() - start
 
-    product(min(size, 256))
+    def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+
+    product(*operands(min(size, 256)))
+    a, b = operands(size)
     best = spent = 0.0
     for i in range(repeats):
-        seconds = product(size)
+        seconds = product(a, b)
         best = seconds if i == 0 else min(best, seconds)
         spent += seconds
         if spent > budget_s:
@@ -127,10 +133,6 @@ def reuse_freed_memory(mmap_threshold: int = 1 << 30) -> bool:
     Returns:
         True if the allocator settings were applied.
     """
-    import ctypes
-    import os
-    import platform
-
     if platform.system() != "Linux" or any(name in os.environ for name in MALLOC_ENV_VARS):
         return False
     try:
@@ -140,4 +142,6 @@ def reuse_freed_memory(mmap_threshold: int = 1 << 30) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    mapped = mallopt(_M_MMAP_THRESHOLD, mmap_threshold)  # 1 on success, 0 if this glibc refuses the value
+    trimmed = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    return bool(mapped and trimmed)
