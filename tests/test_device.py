@@ -65,7 +65,11 @@ print(system, applied, fault_ratio())
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc", reason="glibc only")
+GLIBC_ONLY = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="glibc only (elsewhere reuse_freed_memory does nothing)")
+
+
+@GLIBC_ONLY
 def test_reuse_freed_memory_stops_large_tensors_from_faulting_their_pages_again():
     # A fresh process: this one may already have called it (the CLI tests run `transformer.cli.main` here).
     environment = {k: v for k, v in os.environ.items() if k not in device_module.MALLOC_ENV_VARS}
@@ -77,6 +81,7 @@ def test_reuse_freed_memory_stops_large_tensors_from_faulting_their_pages_again(
     assert reused < 0.1  # kept mapped: (almost) none are
 
 
+@GLIBC_ONLY
 def test_reuse_freed_memory_leaves_an_allocator_the_user_tuned(monkeypatch):
     for name in device_module.MALLOC_ENV_VARS:
         with monkeypatch.context() as patch:

@@ -60,11 +60,10 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, size: int = 1024, r
 
     product(*operands(min(size, 256)))
     a, b = operands(size)
-    best = spent = 0.0
-    for i in range(repeats):
+    best, spent = float("inf"), 0.0
+    for _ in range(repeats):
         seconds = product(a, b)
-        best = seconds if i == 0 else min(best, seconds)
-        spent += seconds
+        best, spent = min(best, seconds), spent + seconds
         if spent > budget_s:
             break
     return best

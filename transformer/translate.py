@@ -187,7 +187,7 @@ class Translator:
         return results
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
-                      use_cache: bool, scores: bool = True) -> list[list[Hypothesis]]:
+                      use_cache: bool, scores: bool) -> list[list[Hypothesis]]:
         if options.beam_size == 1:
             hyps = greedy_decode(self.model, src, mask, options.max_len_a, options.max_len_b, options.min_len,
                                  use_cache=use_cache, scores=scores)

@@ -91,18 +91,19 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     totals, finished = [0.0] * n, [False] * n
     for step in range(max(max_lengths)):
         logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
-        # (alive, tgt_vocab_size); the argmax is the same before and after the log-softmax
-        lprobs = torch.log_softmax(logits.float(), dim=-1) if scores else logits
-        lprobs[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
-        lprobs[:, BOS_ID] = float("-inf")
+        # (alive, tgt_vocab_size): log-probabilities, or the logits themselves when no scores are asked for (the
+        # argmax is the same before and after the log-softmax)
+        candidates = torch.log_softmax(logits.float(), dim=-1) if scores else logits
+        candidates[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
+        candidates[:, BOS_ID] = float("-inf")
         if step < min_len:
-            lprobs[:, EOS_ID] = float("-inf")
+            candidates[:, EOS_ID] = float("-inf")
         if scores:
-            best_lprobs, best = lprobs.max(dim=-1)
+            best_lprobs, best = candidates.max(dim=-1)
             for i, lprob in zip(alive, best_lprobs.tolist()):
                 totals[i] += lprob
         else:
-            best = lprobs.argmax(dim=-1)
+            best = candidates.argmax(dim=-1)
         keep = []
         for row, (i, token) in enumerate(zip(alive, best.tolist())):
             if token == EOS_ID:

@@ -41,7 +41,7 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
     limit = config.data.valid_max_sentences or len(pairs)
     translator = Translator(model, tokenizer, config, device)
     greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
-    hyps = translator.decode_ids([pairs.src(i).tolist() for i in range(limit)], greedy)
+    hyps = translator.decode_ids([pairs.src(i).tolist() for i in range(limit)], greedy, scores=False)  # BLEU only
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
     scores = corpus_scores(texts, valid.references[:limit], config.data.tgt_lang)
     return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "ppl": math.exp(min(total_nll / n_tokens, 50)),
