@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from transformer.training.loss import CHUNK_ROWS, label_smoothed_cross_entropy
+from tests.conftest import random_tokens, tiny_model
+from transformer.training.loss import CHUNK_ROWS, LossComputation, projected_label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -23,11 +24,22 @@ def _reference(logits, target, eps):
     return total_loss, total_nll
 
 
+def _autograd_reference(hidden, weight, target, eps):
+    """Loss and NLL of the textbook form through autograd: logits, log_softmax, smoothed targets q."""
+    log_p = (hidden @ weight.t()).log_softmax(-1)
+    vocab = weight.size(0)
+    q = torch.full_like(log_p, eps / (vocab - 1))
+    q[:, PAD] = 0.0
+    q.scatter_add_(-1, target[:, None], torch.full((len(target), 1), 1.0 - eps, dtype=log_p.dtype))
+    keep = target.ne(PAD).to(log_p.dtype)
+    return (-(q * log_p).sum(-1) * keep).sum(), (-log_p.gather(-1, target[:, None]).squeeze(-1) * keep).sum()
+
+
 def test_matches_hand_computation_on_a_small_case():
-    # 3 tokens, vocab 4 = {pad, a, b, c}; uniform logits give p = 1/4 everywhere.
-    logits = torch.zeros(3, 4)
+    # 3 tokens, vocab 4 = {pad, a, b, c}; zero hidden states give zero logits, so p = 1/4 everywhere.
+    hidden, weight = torch.zeros(3, 5), torch.randn(4, 5)
     target = torch.tensor([1, 2, PAD])
-    loss, nll = label_smoothed_cross_entropy(logits, target, epsilon=0.1, pad_id=PAD)
+    loss, nll = projected_label_smoothed_cross_entropy(hidden, weight, target, epsilon=0.1, pad_id=PAD)
     # Each real position: q sums to 1 over {a, b, c}, so loss = -Σ q log(1/4) = log 4; same for nll.
     assert math.isclose(loss.item(), 2 * math.log(4), rel_tol=1e-6)
     assert math.isclose(nll.item(), 2 * math.log(4), rel_tol=1e-6)
@@ -35,88 +47,113 @@ def test_matches_hand_computation_on_a_small_case():
 
 def test_matches_textbook_form_and_ignores_padding():
     torch.manual_seed(0)
-    logits = torch.randn(7, 11)
+    hidden, weight = torch.randn(7, 5), torch.randn(11, 5)
     target = torch.tensor([3, 0, 5, 10, 0, 1, 2])
-    loss, nll = label_smoothed_cross_entropy(logits, target, 0.1, PAD)
-    ref_loss, ref_nll = _reference(logits, target, 0.1)
+    loss, nll = projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD)
+    ref_loss, ref_nll = _reference(hidden @ weight.t(), target, 0.1)
     assert math.isclose(loss.item(), ref_loss, rel_tol=1e-5)
     assert math.isclose(nll.item(), ref_nll, rel_tol=1e-5)
     # Zero smoothing is plain cross entropy.
-    plain, _ = label_smoothed_cross_entropy(logits, target, 0.0, PAD)
-    expected = torch.nn.functional.cross_entropy(logits, target, ignore_index=PAD, reduction="sum")
+    plain, _ = projected_label_smoothed_cross_entropy(hidden, weight, target, 0.0, PAD)
+    expected = torch.nn.functional.cross_entropy(hidden @ weight.t(), target, ignore_index=PAD, reduction="sum")
     assert math.isclose(plain.item(), expected.item(), rel_tol=1e-5)
 
 
-def test_gradient_is_p_minus_q():
+def test_gradients_are_those_of_p_minus_q():
     torch.manual_seed(1)
-    logits = torch.randn(5, 9, dtype=torch.double, requires_grad=True)
+    hidden = torch.randn(5, 4, dtype=torch.double, requires_grad=True)
+    weight = torch.randn(9, 4, dtype=torch.double, requires_grad=True)
     target = torch.tensor([1, 4, 0, 8, 2])
-    assert torch.autograd.gradcheck(lambda z: label_smoothed_cross_entropy(z, target, 0.1, PAD)[0], (logits,))
-    z = logits.detach().clone().requires_grad_(True)
-    label_smoothed_cross_entropy(z, target, 0.1, PAD)[0].backward()
-    assert z.grad[0, PAD].abs() > 0  # the pad token gets gradient p_pad (pushed towards zero probability)
-    torch.testing.assert_close(z.grad.sum(-1), torch.zeros(5, dtype=torch.double))  # Σ(p - q) = 0
-    assert (z.grad[2] == 0).all()  # a padded position gets no gradient
+    assert torch.autograd.gradcheck(
+        lambda h, w: projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)[0], (hidden, weight))
+    h, w = hidden.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+    projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)[0].backward()
+    assert w.grad[PAD].abs().sum() > 0  # the pad row of W gets gradient (pushed towards zero probability)
+    assert (h.grad[2] == 0).all()  # a padded position gets no gradient
+    assert h.grad[0].abs().sum() > 0
 
 
-def test_loss_per_token_unchanged_by_extra_pad_columns():
+def test_loss_per_token_unchanged_by_extra_pad_rows():
     torch.manual_seed(2)
-    logits = torch.randn(2, 6, 13)
-    target = torch.tensor([[5, 6, 7, 3, 0, 0], [8, 9, 3, 0, 0, 0]])
-    base, _ = label_smoothed_cross_entropy(logits.flatten(0, 1), target.flatten(), 0.1, PAD)
-    padded_logits = torch.cat([logits, torch.randn(2, 40, 13)], dim=1)
-    padded_target = torch.cat([target, torch.zeros(2, 40, dtype=torch.long)], dim=1)
-    padded, _ = label_smoothed_cross_entropy(padded_logits.flatten(0, 1), padded_target.flatten(), 0.1, PAD)
+    hidden, weight = torch.randn(12, 6), torch.randn(13, 6)
+    target = torch.tensor([5, 6, 7, 3, 0, 0, 8, 9, 3, 0, 0, 0])
+    base, _ = projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD)
+    padded_hidden = torch.cat([hidden, torch.randn(80, 6)])
+    padded_target = torch.cat([target, torch.zeros(80, dtype=torch.long)])
+    padded, _ = projected_label_smoothed_cross_entropy(padded_hidden, weight, padded_target, 0.1, PAD)
     n = int(target.ne(PAD).sum())
     assert math.isclose(base.item() / n, padded.item() / n, rel_tol=1e-6)
 
 
 def test_chunked_rows_match_autograd_of_the_textbook_form_across_chunk_boundaries():
-    # More rows than CHUNK_ROWS, so the loss and gradient are assembled from several chunks (one partial).
+    # More rows than CHUNK_ROWS, so the loss and both gradients are assembled from several chunks (one partial).
     torch.manual_seed(3)
     n = 2 * CHUNK_ROWS + 37
-    logits = torch.randn(n, 17, dtype=torch.double)
+    hidden, weight = torch.randn(n, 6, dtype=torch.double), torch.randn(17, 6, dtype=torch.double)
     target = torch.randint(0, 17, (n,))
     target[CHUNK_ROWS - 1:CHUNK_ROWS + 1] = PAD  # pad rows on both sides of a chunk boundary
-    eps = 0.1
-    ours = logits.clone().requires_grad_(True)
-    loss, nll = label_smoothed_cross_entropy(ours, target, eps, PAD)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss, nll = projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)
     (loss * 0.5).backward()
-    ref = logits.clone().requires_grad_(True)
-    log_p = ref.log_softmax(-1)
-    q = torch.full_like(log_p, eps / 16)
-    q[:, PAD] = 0.0
-    q.scatter_add_(-1, target[:, None], torch.full((n, 1), 1.0 - eps, dtype=torch.double))
-    keep = target.ne(PAD).double()
-    ref_loss = (-(q * log_p).sum(-1) * keep).sum()
+    ref_h, ref_w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    ref_loss, ref_nll = _autograd_reference(ref_h, ref_w, target, 0.1)
     (ref_loss * 0.5).backward()
     torch.testing.assert_close(loss, ref_loss)
-    torch.testing.assert_close(nll, (-log_p.gather(-1, target[:, None]).squeeze(-1) * keep).sum().detach())
-    torch.testing.assert_close(ours.grad, ref.grad)
+    torch.testing.assert_close(nll, ref_nll.detach())
+    torch.testing.assert_close(h.grad, ref_h.grad)
+    torch.testing.assert_close(w.grad, ref_w.grad)
 
 
-def test_bf16_logits_are_scored_in_float32_and_get_a_bf16_gradient():
+def test_autocast_multiplies_in_bf16_and_scores_in_float32():
     torch.manual_seed(4)
-    logits = torch.randn(300, 50) * 3
+    hidden, weight = torch.randn(300, 16), torch.randn(50, 16) * 0.5
     target = torch.randint(1, 50, (300,))
-    half = logits.bfloat16().requires_grad_(True)
-    loss, _ = label_smoothed_cross_entropy(half, target, 0.1, PAD)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)
     loss.backward()
-    exact = half.detach().float().requires_grad_(True)
-    ref_loss, _ = label_smoothed_cross_entropy(exact, target, 0.1, PAD)
+    # The reference: the same bf16 product, then everything in float32.
+    ref_h, ref_w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logits = (ref_h.bfloat16() @ ref_w.bfloat16().t()).float()
+    ref_loss, _ = _autograd_reference(logits, torch.eye(50), target, 0.1)  # logits @ I = logits
     ref_loss.backward()
-    assert loss.dtype == torch.float32 and half.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(loss, ref_loss)  # same bf16 inputs, float32 arithmetic
-    torch.testing.assert_close(half.grad.float(), exact.grad, rtol=1e-2, atol=1e-4)
+    assert loss.dtype == torch.float32 and h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(h.grad, ref_h.grad, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(w.grad, ref_w.grad, rtol=2e-2, atol=2e-2)
 
 
 def test_loss_is_the_same_with_and_without_a_gradient():
-    # Without requires_grad the forward skips building p - q; the loss terms must not depend on that branch.
+    # Without a gradient (no_grad, or inputs that need none) the forward skips building p - q and its products;
+    # the loss terms must not depend on that branch.
     torch.manual_seed(5)
-    logits = torch.randn(CHUNK_ROWS + 10, 7)
+    hidden, weight = torch.randn(CHUNK_ROWS + 10, 4), torch.randn(7, 4)
     target = torch.randint(0, 7, (CHUNK_ROWS + 10,))
-    plain = label_smoothed_cross_entropy(logits, target, 0.1, PAD)
-    tracked = label_smoothed_cross_entropy(logits.clone().requires_grad_(True), target, 0.1, PAD)
-    assert not plain[0].requires_grad and tracked[0].requires_grad
-    torch.testing.assert_close(plain[0], tracked[0].detach(), rtol=0, atol=0)
-    torch.testing.assert_close(plain[1], tracked[1], rtol=0, atol=0)
+    plain = projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD)
+    tracked = projected_label_smoothed_cross_entropy(hidden.clone().requires_grad_(True), weight, target, 0.1, PAD)
+    with torch.no_grad():
+        untracked = projected_label_smoothed_cross_entropy(hidden.clone().requires_grad_(True), weight, target, 0.1,
+                                                           PAD)
+    assert not plain[0].requires_grad and tracked[0].requires_grad and not untracked[0].requires_grad
+    for other in (tracked, untracked):
+        torch.testing.assert_close(plain[0], other[0].detach(), rtol=0, atol=0)
+        torch.testing.assert_close(plain[1], other[1], rtol=0, atol=0)
+
+
+def test_loss_module_matches_the_model_logits_and_their_autograd():
+    # LossComputation never builds the logits; its loss and every parameter's gradient (the tied embedding matrix
+    # gets both its embedding and its output-projection part) must equal the textbook loss on model(src, tgt_in).
+    model = tiny_model(seed=6, dropout=0.0, attention_dropout=0.0).double()
+    src = random_tokens(3, 7, 23, lengths=[7, 5, 2], seed=1)
+    tgt = random_tokens(3, 6, 29, lengths=[6, 4, 3], seed=2)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    loss, nll = LossComputation(model, 0.1)(src, src.eq(PAD), tgt_in, tgt_out)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    logits = model(src, tgt_in, src.eq(PAD))  # (batch, tgt_len, vocab)
+    ref_loss, ref_nll = _autograd_reference(logits.flatten(0, 1), torch.eye(29, dtype=torch.double),  # logits @ I
+                                            tgt_out.flatten(), 0.1)
+    ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll.detach())
+    for (name, _), ours, ref in zip(model.named_parameters(), grads, ref_grads):
+        torch.testing.assert_close(ours, ref, msg=name)

@@ -225,10 +225,22 @@ class Transformer(nn.Module):
         Returns:
             logits `(batch, tgt_len, tgt_vocab_size)`.
         """
+        return self.output_projection(self.hidden_states(src, tgt_in, src_key_padding_mask, tgt_key_padding_mask))
+
+    def hidden_states(self, src: Tensor, tgt_in: Tensor, src_key_padding_mask: Optional[Tensor] = None,
+                      tgt_key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """Teacher-forced forward pass up to the output projection: what `forward` projects to logits, and what
+        the training loss takes, to project it chunk by chunk (`training/loss.py`) instead of building every logit.
+
+        Args: as `forward`.
+
+        Returns:
+            the decoder's hidden states `(batch, tgt_len, d_model)`.
+        """
         if src_key_padding_mask is None:
             src_key_padding_mask = self.src_key_padding_mask(src)
         memory = self.encoder(src, src_key_padding_mask)
-        return self.decode(tgt_in, memory, src_key_padding_mask, tgt_key_padding_mask)
+        return self.decoder(tgt_in, memory, src_key_padding_mask, tgt_key_padding_mask)
 
     def forward_with_attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionWeights]:
         """Teacher-forced forward pass through the explicit attention path, returning every weight.

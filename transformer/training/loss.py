@@ -5,12 +5,16 @@ over the V - 1 tokens that are not pad (the reference included); padding gets pr
 does not depend on how much padding a batch has. The loss is -Σ_k q_k log p_k with p = softmax(z); positions whose
 reference is pad contribute nothing.
 
-Written as one autograd function, for speed: the textbook form (log_softmax, gather, sum, then autograd through
-each) makes several full passes over the `(n_tokens, vocab_size)` logits, which with an 8k vocabulary took a fifth
-of a CPU training step. Here the rows are processed in chunks that stay in cache: one `log_softmax` per chunk gives
-the loss terms, and since the loss is the end of the graph, the gradient p - q is built in the same pass and kept
-for backward (which only scales it). Padded positions are masked rather than removed, so nothing waits for the
-device to count the real tokens.
+Written as one autograd function together with the output projection, for speed and memory: the textbook form
+(logits = hidden Wᵀ, then log_softmax, gather, sum, and autograd through each) writes the whole
+`(n_tokens, vocab_size)` logits tensor, its log-probabilities and its gradient, and makes several passes over
+each (116 MB per tensor for a 3.6k-token batch with an 8k vocabulary; 3.7 GB for a 25k-token WMT14 batch with 37k).
+Here the rows are processed in chunks that stay in cache: per chunk, one matrix product gives the logits, one
+`log_softmax` gives the loss terms, and since the loss is the end of the graph, the gradient p - q is built in the
+same pass and multiplied out at once into the gradients of the hidden states (`(p - q) W`) and of the weight
+(`(p - q)ᵀ hidden`, accumulated over the chunks); backward only scales them. No logits tensor is ever whole.
+Padded positions are masked rather than removed, so nothing waits for the device to count the real tokens.
+Under autocast the matrix products run in the autocast dtype (bf16, fp16) and the softmax in float32.
 """
 
 from __future__ import annotations
@@ -25,65 +29,93 @@ from ..data import Batch
 from ..model import Transformer
 
 CHUNK_ROWS = 256
-"""Rows of logits handled at a time: 256 x 8k vocabulary x 4 bytes = 8 MB of float32, about a CPU's L2 + L3 share."""
+"""Rows handled at a time: 256 x 8k vocabulary x 4 bytes = 8 MB of float32 logits, about a CPU's L2 + L3 share."""
 
 
-class _LabelSmoothedCrossEntropy(torch.autograd.Function):
-    """Summed loss and summed NLL over the rows of `logits` whose target is not pad."""
+class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Summed loss and summed NLL of softmax(hidden Wᵀ) over the rows whose target is not pad."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
-        n, vocab_size = logits.shape
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int,
+                matmul_dtype: torch.dtype, wants_grad: bool) -> tuple[Tensor, Tensor]:
+        n, vocab_size = hidden.size(0), weight.size(0)
         uniform = epsilon / (vocab_size - 1)  # q_k of every token but the reference and pad
-        compute_dtype = torch.promote_types(logits.dtype, torch.float32)  # half precision is computed in fp32
+        compute_dtype = torch.promote_types(matmul_dtype, torch.float32)  # the softmax never in half precision
+        h, w = hidden.to(matmul_dtype), weight.to(matmul_dtype)  # (n, d_model), (vocab_size, d_model)
         keep = target.ne(pad_id).to(compute_dtype)  # (n,)
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        loss = torch.zeros((), dtype=compute_dtype, device=logits.device)
-        nll_sum = torch.zeros((), dtype=compute_dtype, device=logits.device)
+        grad_hidden = torch.empty_like(h) if wants_grad and ctx.needs_input_grad[0] else None
+        grad_weight = (torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
+                       if wants_grad and ctx.needs_input_grad[1] else None)
+        loss = torch.zeros((), dtype=compute_dtype, device=hidden.device)
+        nll_sum = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         for start in range(0, n, CHUNK_ROWS):
             rows = slice(start, start + CHUNK_ROWS)
-            y, k = target[rows, None], keep[rows]
-            log_p = torch.log_softmax(logits[rows], dim=-1, dtype=compute_dtype)  # (rows, vocab_size)
+            y, k, h_rows = target[rows, None], keep[rows], h[rows]
+            log_p = torch.log_softmax(h_rows @ w.t(), dim=-1, dtype=compute_dtype)  # (rows, vocab_size)
             nll = -log_p.gather(-1, y).squeeze(-1)  # -log p_y
             smooth = -(log_p.sum(-1) - log_p[:, pad_id]) / (vocab_size - 1)  # -mean_{k != pad} log p_k
             loss += (((1.0 - epsilon) * nll + epsilon * smooth) * k).sum()
             nll_sum += (nll * k).sum()
-            if grad is not None:  # dL/dz = p - q on kept rows, 0 on pad rows
-                g = log_p.exp_()  # p
-                g.sub_(uniform)  # p - ε·u on every token ...
-                g[:, pad_id] += uniform  # ... but pad, which has q = 0
-                g.scatter_add_(-1, y, torch.full_like(k[:, None], epsilon - 1.0))  # reference: q = 1 - ε + ε·u
-                grad[rows] = g.mul_(k[:, None])
-        ctx.grad = grad  # an intermediate, not an input or output: kept as an attribute
+            if grad_hidden is None and grad_weight is None:
+                continue
+            g = log_p.exp_()  # dL/dlogits = p - q on kept rows, 0 on pad rows: first p,
+            g.sub_(uniform)  # p - ε·u on every token ...
+            g[:, pad_id] += uniform  # ... but pad, which has q = 0
+            g.scatter_add_(-1, y, torch.full_like(k[:, None], epsilon - 1.0))  # reference: q = 1 - ε + ε·u
+            g = g.mul_(k[:, None]).to(matmul_dtype)
+            if grad_hidden is not None:
+                torch.mm(g, w, out=grad_hidden[rows])  # (rows, d_model)
+            if grad_weight is not None:
+                if matmul_dtype == compute_dtype:
+                    grad_weight.addmm_(g.t(), h_rows)  # (vocab_size, d_model)
+                else:  # summed over the chunks in float32
+                    grad_weight += (g.t() @ h_rows).to(compute_dtype)
+        # Intermediates, not inputs or outputs: kept as attributes.
+        ctx.grads = (grad_hidden, grad_weight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Any) -> tuple[Tensor, None, None, None]:
-        return ctx.grad * grad_loss.to(ctx.grad.dtype), None, None, None
+    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Any) -> tuple[Any, ...]:
+        grads = [None if g is None else g.to(dtype) * grad_loss.to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes)]
+        return grads[0], grads[1], None, None, None, None, None
 
 
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
-                                 pad_id: int) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed loss and summed negative log-likelihood over the non-pad targets.
+def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
+                                           pad_id: int) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed negative log-likelihood of logits = hidden Wᵀ over the non-pad
+    targets, without building the logits of all rows at once (see the module docstring).
 
     Args:
-        logits: `(n, vocab_size)` unnormalised scores (half precision is computed in float32).
+        hidden: `(n, d_model)` decoder outputs (float32, or half precision).
+        weight: `(vocab_size, d_model)` the output projection W (no bias), e.g. the tied embedding matrix.
         target: `(n,)` LongTensor of reference ids; positions equal to pad_id are ignored.
         epsilon: ε_ls in [0, 1).
         pad_id: id of the padding token.
 
     Returns:
         (loss, nll): scalar tensors, sums over the non-pad positions (divide by their number for a
-        per-token value); only `loss` carries a gradient.
+        per-token value); only `loss` carries a gradient (to `hidden` and `weight`). The products run in the
+        autocast dtype when autocast is on, else in the promoted dtype of the inputs; the softmax and the sums in
+        float32 at least.
     """
-    return _LabelSmoothedCrossEntropy.apply(logits, target, epsilon, pad_id)
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        matmul_dtype = torch.get_autocast_dtype(device_type)
+    else:
+        matmul_dtype = torch.promote_types(hidden.dtype, weight.dtype)
+    # Grad mode is off inside forward, and needs_input_grad is set even under no_grad: decide here.
+    wants_grad = torch.is_grad_enabled()
+    with torch.autocast(device_type, enabled=False):  # the function casts by itself
+        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, epsilon, pad_id, matmul_dtype,
+                                                         wants_grad)
 
 
 class LossComputation(nn.Module):
     """The Transformer and its training loss as one module: what DistributedDataParallel and torch.compile wrap.
 
-    Logits are computed at every target position and the loss masks padding (selecting the real positions
+    The loss is computed at every target position and masks padding (selecting the real positions
     first saves about as much as the selection costs, and needs a device sync on CUDA).
 
     Args:
@@ -103,8 +135,9 @@ class LossComputation(nn.Module):
         Returns:
             Summed label-smoothed loss and summed NLL over the non-pad targets (scalars).
         """
-        logits = self.model(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, tgt_vocab_size)
-        return label_smoothed_cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), self.label_smoothing, PAD_ID)
+        hidden = self.model.hidden_states(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, d_model)
+        return projected_label_smoothed_cross_entropy(hidden.flatten(0, 1), self.model.output_projection.weight,
+                                                      tgt_out.flatten(), self.label_smoothing, PAD_ID)
 
 
 def batch_loss(module: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
