@@ -1,4 +1,9 @@
-"""`training.precision: auto`: bf16 only where it measures faster, fp32 otherwise."""
+"""`training.precision: auto`: bf16 only where it measures faster, fp32 otherwise; `reuse_freed_memory`."""
+
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -41,11 +46,6 @@ def test_auto_measures_this_cpu():
 # --------------------------------------------------------------------------------------------------
 # reuse_freed_memory: glibc keeps large freed blocks mapped, so reallocating them does not fault pages in.
 # --------------------------------------------------------------------------------------------------
-
-import os  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 _FAULTS_SCRIPT = """
 import resource, torch

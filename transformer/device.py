@@ -116,15 +116,17 @@ def reuse_freed_memory(mmap_threshold: int = 1 << 30) -> bool:
     """Make glibc keep freed CPU tensor memory for reuse instead of handing it back to the kernel.
 
     glibc serves every allocation above 32 MB (its largest dynamic `M_MMAP_THRESHOLD`) with a fresh `mmap` and
-    returns it with `munmap` on free, so the next one faults in every 4 KB page again, zero-filled by the kernel.
-    A training step allocates several tensors that large (the `(tokens, vocab)` logits of the Multi30k recipe and
-    their gradient are 116 MB each). With allocations up to `mmap_threshold` bytes (1 GiB) taken from the heap and
+    returns it with `munmap` on free, so the next one faults in every 4 KB page again, zero-filled by the kernel. A
+    training step can allocate tensors that large (the big WMT14 model's feed-forward activations: 3,584 tokens x
+    4,096 x 4 bytes = 59 MB; the Multi30k recipe's `(tokens, vocab)` logits and their gradient, 116 MB each, until
+    the loss stopped building them). With allocations up to `mmap_threshold` bytes (1 GiB) taken from the heap and
     the heap never trimmed, freed blocks are reused once the heap has settled (a few steps) and their pages stay
     mapped. Measured on the recipe (`scripts/benchmark_train.py`, fp32, 2 threads, a 2-core KVM guest, 5 rounds
-    alternating with `--system-malloc`): page faults per update 107,000-113,000 -> 0-1,600, CPU time in the kernel
-    0.31-0.36 -> 0.003-0.011 s per update (of about 4.9 CPU-seconds), wall time per update 2.46 against 2.55 s on
-    average (-3.5%, inside that machine's +-15% round-to-round noise); peak memory +8% (1.56 against 1.45 GB),
-    because the process keeps its peak heap until it exits. Outputs do not change (only where memory comes from).
+    alternating with `--system-malloc`, before the loss stopped building logits): page faults per update
+    107,000-113,000 -> 0-1,600, CPU time in the kernel 0.31-0.36 -> 0.003-0.011 s per update (of about 4.9
+    CPU-seconds), wall time per update 2.46 against 2.55 s on average (-3.5%, inside that machine's +-15%
+    round-to-round noise); peak memory +8% (1.56 against 1.45 GB), because the process keeps its peak heap until it
+    exits. Outputs do not change (only where memory comes from).
 
     Does nothing (returns False) off glibc, or when the user tunes the allocator through one of `MALLOC_ENV_VARS`.
     Process-wide: the CLI and the benchmark scripts call it once at start.

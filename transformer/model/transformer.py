@@ -236,6 +236,9 @@ class Transformer(nn.Module):
 
         Returns:
             the decoder's hidden states `(batch, tgt_len, d_model)`.
+
+        Raises:
+            ValueError: if src_len or tgt_len exceeds max_positions.
         """
         if src_key_padding_mask is None:
             src_key_padding_mask = self.src_key_padding_mask(src)
