@@ -266,23 +266,30 @@ def test_translate_streams_typed_lines_one_by_one(trained_run):
     assert batch.stdout == first + second  # the same as the whole input at once
 
 
-def test_translate_a_large_file_in_bounded_memory(trained_run, tmp_path):
-    """200,000 lines need no more memory than 2,000 (+ 200 MB): the input is read and written chunk by chunk."""
+def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, capsys):
+    """A file is read --buffer-size lines at a time and each chunk's translations are on disk before the next chunk
+    is read: at most one chunk is ever held, so a file of any size takes bounded memory (exact, not measured)."""
+    import transformer.cli
+
     lines = gzip.open(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k" / "train.de.gz",
-                      "rt", encoding="utf-8").read().split("\n")[:29000]
-    peak = {}
-    for n in (2000, 200_000):
-        src = tmp_path / f"in{n}.de"
-        src.write_text("".join(lines[i % len(lines)] + "\n" for i in range(n)), encoding="utf-8")
-        code = ("import resource, sys; from transformer.cli import main; rc = main(sys.argv[1:]); "
-                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
-        result = subprocess.run([sys.executable, "-c", code, "translate", "--checkpoint",
-                                 str(trained_run / "checkpoints" / "best.pt"), "--input", str(src), "--output",
-                                 str(tmp_path / f"out{n}.en"), "--beam-size", "1", "--max-len-a", "0",
-                                 "--max-len-b", "2", "--batch-size", "250"],
-                                capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
-        assert result.returncode == 0, result.stderr
-        peak[n] = int(result.stdout.split()[-1]) / 1024  # MB
-        assert len((tmp_path / f"out{n}.en").read_text(encoding="utf-8").split("\n")) == n + 1
-        assert "translate" in result.stderr  # the progress bar (output is a file)
-    assert peak[200_000] <= peak[2000] + 200, peak
+                      "rt", encoding="utf-8").read().split("\n")[:1000]
+    src, out = tmp_path / "in.de", tmp_path / "out.en"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    seen = []  # (lines read before this read, lines written to disk at this read, lines this read returned)
+
+    class WatchedReader(transformer.cli.LineReader):
+        def read(self, n):
+            read_before = sum(chunk for _, _, chunk in seen)
+            written = out.read_text(encoding="utf-8").count("\n") if out.exists() else 0
+            chunk = super().read(n)
+            seen.append((read_before, written, len(chunk)))
+            return chunk
+
+    monkeypatch.setattr(transformer.cli, "LineReader", WatchedReader)
+    assert main(["translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--input", str(src),
+                 "--output", str(out), "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "2",
+                 "--buffer-size", "64"]) == 0
+    assert [chunk for _, _, chunk in seen] == [64] * 15 + [40, 0]
+    assert all(written == read_before for read_before, written, _ in seen)  # every earlier line already written
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 1000 + 1
+    assert "translate" in capsys.readouterr().err  # the progress bar (output is a file)

@@ -134,18 +134,18 @@ def test_the_attention_explorer_in_chromium(server, tmp_path):
             browser.close()
 
 
-def test_load_8_clients_400_requests_no_errors_nothing_lost_or_reordered(server, tmp_path):
+def test_load_8_clients_160_requests_no_errors_nothing_lost_or_reordered(server, tmp_path):
     source = MULTI30K / "test_2016_flickr.de.gz"
     if not source.is_file():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     figures_file = tmp_path / "load.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test_serve.py"), "--url", server,
-                          "--source", str(source), "--sentences", "120", "--clients", "8", "--requests", "400",
+                          "--source", str(source), "--sentences", "60", "--clients", "8", "--requests", "160",
                           "--json", str(figures_file)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     figures = json.loads(figures_file.read_text())
-    assert figures["requests"] == 400 and figures["errors"] == figures["lost"] == figures["mismatched"] == 0
-    assert figures["sentences"] == figures["sentences_sent"] > 400
+    assert figures["requests"] == 160 and figures["errors"] == figures["lost"] == figures["mismatched"] == 0
+    assert figures["sentences"] == figures["sentences_sent"] > 160
     # batching works: requests average 2.5 sentences, the decoding calls under load took several requests each
     assert figures["mean_batch_sentences"] > 5, figures

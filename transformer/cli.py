@@ -146,8 +146,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.set)
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    finished = False
     try:
         state = train(config, run_dir, resume=args.resume)
+        finished = True
     except TrainingInterrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
         return 130
@@ -155,7 +157,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        shutdown_distributed()
+        shutdown_distributed(finished)
     if not args.is_main_process:
         return 0
     print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "

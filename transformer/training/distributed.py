@@ -75,6 +75,16 @@ def init_distributed() -> Distributed:
     return Distributed(rank, world_size, local_rank)
 
 
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown_distributed(finished: bool = False) -> None:
+    """Leave the process group (no-op without one).
+
+    Args:
+        finished: every process got here by finishing training normally; they first wait for one another
+            (a barrier), so that no process tears its connections down while a peer is still in a collective.
+            False after an error, where a peer may never arrive.
+    """
+    if not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
