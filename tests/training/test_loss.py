@@ -140,6 +140,23 @@ def test_loss_is_the_same_with_and_without_a_gradient():
         torch.testing.assert_close(plain[1], other[1], rtol=0, atol=0)
 
 
+def test_without_a_gradient_no_gradient_product_is_computed(monkeypatch):
+    # Validation runs the loss under no_grad: the p - q products (torch.mm into the hidden states' gradient,
+    # addmm_ into the weight's) must be skipped there, and run when a gradient is wanted.
+    calls = []
+    real_mm, real_addmm_ = torch.mm, torch.Tensor.addmm_
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append("mm") or real_mm(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "addmm_",
+                        lambda self, *a, **k: calls.append("addmm_") or real_addmm_(self, *a, **k))
+    hidden, weight = torch.randn(10, 4, requires_grad=True), torch.randn(7, 4, requires_grad=True)
+    target = torch.randint(1, 7, (10,))
+    with torch.no_grad():
+        projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD)
+    assert calls == []
+    projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD)
+    assert sorted(calls) == ["addmm_", "mm"]
+
+
 def test_loss_module_matches_the_model_logits_and_their_autograd():
     # LossComputation never builds the logits; its loss and every parameter's gradient (the tied embedding matrix
     # gets both its embedding and its output-projection part) must equal the textbook loss on model(src, tgt_in).
