@@ -30,7 +30,7 @@ def test_two_processes_equal_one_with_accumulation(tmp_path, multi30k_subset):
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "ddp"),
                           *env_flags], capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-6000:]
     assert "2 process(es)" in two.stderr
     # One token cache, built once (by local rank 0; rank 1 waited and mapped it), nothing half-built left.
     assert [p.name.split(".")[0] for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == ["train"]
@@ -78,7 +78,7 @@ def test_resume_with_a_different_number_of_processes(tmp_path, multi30k_subset):
                           "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
                           "--set", "data.valid_max_sentences=10"], capture_output=True, text=True, timeout=600,
                          cwd=ROOT, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-6000:]
     resumed = load_config(config, ["data.valid_max_sentences=10", "training.max_steps=6"])
     state = train(resumed, tmp_path / "run", resume=True)
     assert state.step == 6
