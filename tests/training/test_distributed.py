@@ -15,8 +15,14 @@ from transformer.config import ConfigError, load_config
 from transformer.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-# A process that aborts (a C++ std::terminate, say) prints every thread's Python stack: the failure says where.
-ENV = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+
+
+def _env() -> dict:
+    """The environment as it is now (the session's token-cache folder included, set by a fixture after import),
+    plus PYTHONFAULTHANDLER: a process that aborts (a C++ std::terminate, say) prints every thread's stack."""
+    return {**os.environ, "PYTHONFAULTHANDLER": "1"}
+
+
 NO_DROPOUT = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
                         "dropout": 0.0, "attention_dropout": 0.0},
               "data": {"vocab_size": 300, "max_tokens_per_batch": 1024},
@@ -29,7 +35,7 @@ def test_two_processes_equal_one_with_accumulation(tmp_path, multi30k_subset):
     env_flags = ["--set", "data.valid_max_sentences=10", "--set", f"data.cache_dir={tmp_path / 'cache'}"]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "ddp"),
-                          *env_flags], capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
+                          *env_flags], capture_output=True, text=True, timeout=600, cwd=ROOT, env=_env())
     assert two.returncode == 0, two.stderr[-6000:]
     assert "2 process(es)" in two.stderr
     # One token cache, built once (by local rank 0; rank 1 waited and mapped it), nothing half-built left.
@@ -77,7 +83,7 @@ def test_resume_with_a_different_number_of_processes(tmp_path, multi30k_subset):
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "transformer", "train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
                           "--set", "data.valid_max_sentences=10"], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=ENV)
+                         cwd=ROOT, env=_env())
     assert two.returncode == 0, two.stderr[-6000:]
     resumed = load_config(config, ["data.valid_max_sentences=10", "training.max_steps=6"])
     state = train(resumed, tmp_path / "run", resume=True)
