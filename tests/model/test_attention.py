@@ -106,3 +106,38 @@ def test_kv_cache_appends_and_selects_like_concatenation():
         got_k, got_v = cache.append(k, v)
         assert torch.equal(got_k, keys) and torch.equal(got_v, values), step
     assert keys.shape == (4, 2, 41, 8)
+
+
+@pytest.mark.parametrize("fully_padded_row", [False, True], ids=["padding", "an-empty-source"])
+def test_cached_decoding_path_equals_the_explicit_path(fully_padded_row):
+    """Incremental decoding takes `_cached_attention` (scale and padding folded into one batched product): it gives
+    the explicit path's outputs for self-attention on the cache and for encoder-decoder attention with padding,
+    across a row selection; a source row that is all padding falls back to the explicit path (zeros, not NaN)."""
+    from transformer.model.attention import KVCache
+
+    self_attn, cross_attn = _attention(seed=1), _attention(seed=2)
+    g = torch.Generator().manual_seed(3)
+    memory = torch.randn(3, 6, 16, generator=g)
+    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
+    if fully_padded_row:
+        padding[2] = True
+    self_cache, cross_cache, prefix = KVCache(), KVCache(is_static=True), None
+    for step in range(5):
+        if step == 3:  # rows reordered and repeated, as beam search and finished sentences do
+            index = torch.tensor([2, 0, 0])
+            self_cache.select(index)
+            cross_cache.select(index)
+            memory, padding, prefix = memory[index], padding[index], prefix[index]
+        x = torch.randn(3, 1, 16, generator=g)
+        prefix = x if prefix is None else torch.cat([prefix, x], dim=1)
+        got_self, _ = self_attn(x, x, x, cache=self_cache)
+        expected_self, _ = self_attn(prefix, prefix, prefix, need_weights=True,
+                                     attn_mask=causal_mask(prefix.size(1)))
+        torch.testing.assert_close(got_self, expected_self[:, -1:], atol=1e-6, rtol=1e-6)
+        got, _ = cross_attn(x, memory, memory, key_padding_mask=padding, cache=cross_cache)
+        expected, _ = cross_attn(x, memory, memory, key_padding_mask=padding, need_weights=True)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+        assert torch.isfinite(got).all()
+        assert (cross_cache.padding_bias is None) == fully_padded_row
+        if not fully_padded_row:  # 0 at real keys, -inf at padding, for each head
+            assert torch.equal(cross_cache.padding_bias.isneginf(), padding[:, None, None, :].expand(-1, 4, 1, -1))

@@ -42,15 +42,17 @@ def test_float32_copy_computes_the_same_logits_and_leaves_the_model_alone(model,
         torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt), atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():  # the original is neither changed nor re-laid out
         assert torch.equal(p, before[name][0]) and p.stride() == before[name][1], name
-    if onednn:  # every linear layer runs on oneDNN's prepacked weight
-        assert not [m for m in fast.modules() if type(m) is nn.Linear]
+    linear = fast.decoder.layers[0].feed_forward.linear1
+    assert linear.weight.shape == model.decoder.layers[0].feed_forward.linear1.weight.shape
+    assert linear.weight.t().is_contiguous()  # column-major: sgemm gets x and Wᵀ as plain row-major operands
+    assert fast.decoder.layers[0].cross_attn.kv_proj.weight.t().is_contiguous()
+    if onednn:  # the output projection alone runs on oneDNN's prepacked weight (a copy of the tied embedding)
         assert isinstance(fast.output_projection, PackedLinear)
-        assert isinstance(fast.decoder.layers[0].cross_attn.kv_proj, PackedLinear)
+        assert [m for m in fast.modules() if isinstance(m, PackedLinear)] == [fast.output_projection]
+        assert fast.decoder.embedding.embedding.weight.is_contiguous()
     else:
-        linear = fast.decoder.layers[0].feed_forward.linear1
-        assert linear.weight.shape == model.decoder.layers[0].feed_forward.linear1.weight.shape
-        assert linear.weight.t().is_contiguous()  # column-major: sgemm gets x and Wᵀ as plain row-major operands
         assert fast.output_projection.weight is fast.decoder.embedding.embedding.weight
+        assert fast.output_projection.weight.t().is_contiguous()
 
 
 def test_split_projections_give_the_same_attention():

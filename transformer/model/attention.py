@@ -119,11 +119,16 @@ class KVCache:
         key: `(batch, n_heads, cached_len, d_head)` (a view of the buffer) or None before the first step.
         value: `(batch, n_heads, cached_len, d_head)` or None before the first step.
         is_static: True for encoder-decoder attention.
+        padding_bias: static caches only: the memory's key padding mask as an additive bias, 0 at real keys and
+            -inf at padding, `(batch, n_heads, 1, k_len)` (repeated over heads, so that rows fold into
+            `batch * n_heads` without a copy); set when the cache is filled in eval mode, and None when there is
+            no mask or some row is all padding (that row must attend to nothing, which a bias cannot express).
     """
 
     key: Optional[Tensor] = None
     value: Optional[Tensor] = None
     is_static: bool = False
+    padding_bias: Optional[Tensor] = None
     _buffer: Optional[Tensor] = field(default=None, repr=False)  # [key, value] (2, rows, n_heads, capacity, d_head)
     _spare: Optional[Tensor] = field(default=None, repr=False)  # the same shape: where `select` writes
 
@@ -159,6 +164,8 @@ class KVCache:
             return
         if self.is_static or self._buffer is None or self.key.requires_grad:  # (out= does not record gradients)
             self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+            if self.padding_bias is not None:
+                self.padding_bias = self.padding_bias.index_select(0, index)
             self._buffer = self._spare = None
             return
         length = self.key.size(2)
@@ -258,6 +265,31 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (batch, n_heads, cached_len + k_len, d_head)
         return q, k, v
 
+    def _cached_attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """Attention(Q, K, V) for incremental decoding, in as few operations as possible: three (one batched
+        matrix product with the scale and the padding bias folded in, a softmax, a second batched product).
+
+        The same arithmetic as `scaled_dot_product_attention` (a masked key gets weight exp(-inf) = 0 either way).
+
+        Args:
+            q: `(batch, n_heads, q_len, d_head)`; k, v: `(batch, n_heads, k_len, d_head)` (views of the cache).
+            bias: `(batch, n_heads, 1, k_len)` additive mask (`KVCache.padding_bias`), or None: every key allowed.
+
+        Returns:
+            `(batch, q_len, d_model)`, the heads concatenated (before W^O).
+        """
+        batch, n_heads, q_len, d_head = q.shape
+        k_len = k.size(2)
+        q, v = q.reshape(batch * n_heads, q_len, d_head), v.reshape(batch * n_heads, k_len, d_head)
+        k_t = k.reshape(batch * n_heads, k_len, d_head).transpose(1, 2)  # (batch * n_heads, d_head, k_len)
+        scale = 1.0 / math.sqrt(d_head)
+        if bias is None:
+            scores = torch.bmm(q, k_t).mul_(scale)  # (batch * n_heads, q_len, k_len)
+        else:
+            scores = torch.baddbmm(bias.reshape(batch * n_heads, 1, k_len), q, k_t, alpha=scale)
+        out = torch.bmm(scores.softmax(dim=-1), v)  # (batch * n_heads, q_len, d_head)
+        return out.view(batch, n_heads, q_len, d_head).transpose(1, 2).reshape(batch, q_len, self.d_model)
+
     def _grouped(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
                  attn_mask: Optional[Tensor], is_causal: bool, cache: Optional[KVCache],
                  need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
@@ -302,7 +334,19 @@ class MultiHeadAttention(nn.Module):
         group = query.size(0) // key.size(0)
         if group > 1:
             return self._grouped(query, key, value, key_padding_mask, attn_mask, is_causal, cache, need_weights)
+        filling_static = cache is not None and cache.is_static and cache.key is None
         q, k, v = self._project(query, key, value, cache)
+        if cache is not None and not self.training and not need_weights:
+            if filling_static and key_padding_mask is not None and not key_padding_mask.all(dim=1).any():
+                cache.padding_bias = torch.zeros(key_padding_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                    key_padding_mask, float("-inf"))[:, None, None, :].expand(-1, self.n_heads, 1, -1).contiguous()
+            if cache.is_static:
+                bias = cache.padding_bias
+                fast = bias is not None or key_padding_mask is None
+            else:  # one new position sees every cached key: no mask at all
+                bias, fast = None, q.size(2) == 1 and key_padding_mask is None and attn_mask is None
+            if fast:
+                return self.out_proj(self._cached_attention(q, k, v, bias)), None
         dropout_p = self.attention_dropout if self.training else 0.0
         # Incremental decoding (a few new positions per step against short cached keys) takes the explicit path
         # too: there the fused kernel's per-row overhead dominates, and the explicit path was measured 2-3x faster

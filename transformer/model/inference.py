@@ -3,13 +3,16 @@
 `for_cpu_decoding` returns a copy for inference only (it cannot be trained or saved as a checkpoint); `Translator`
 uses it whenever it decodes on the CPU.
 
-* Float32 (the default). Every linear layer is replaced by `PackedLinear`: oneDNN's linear kernel on a weight
-  reordered once into oneDNN's blocked layout (`torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses),
-  instead of MKL's sgemm: on the de→en Multi30k model, batch 64, against column-major weights, 1.0-1.4x faster
-  greedy and 1.03-1.06x faster beam-5 decoding (README, "Decoding speed"). Where this PyTorch build has no
-  oneDNN, the weights are instead stored column-major (`W.t().contiguous().t()`: same shape and values), which
-  hands sgemm two plain row-major operands (1.2-1.35x faster greedy than row-major). Same arithmetic; only the
-  summation order inside the kernels may differ (float rounding).
+* Float32 (the default). Every linear layer but the output projection keeps its weight column-major
+  (`W.t().contiguous().t()`: same shape and values), which hands MKL's sgemm two plain row-major operands; the
+  output projection (d_model x vocabulary, the largest product of a decoding step) runs oneDNN's kernel on its
+  weight reordered once into oneDNN's blocked layout (`PackedLinear`, through `torch.ops.mkldnn`, the kernels
+  torch.compile's CPU backend uses). Measured per layer shape (2 threads, AMD EPYC with AVX2; README, "Decoding
+  speed"): oneDNN is 1.4-6x faster than sgemm on the 256 x 8,000 projection at 4-320 rows, but carries a fixed
+  cost of about 50 us per call that makes it 1.2-4.5x slower on the 256 x 256 attention projections up to 64
+  rows, and 2-3x slower on every layer for a single row; on the 768- and 1,024-wide layers the two are level
+  from 64 rows up. Where this PyTorch build has no oneDNN, the output projection is column-major too. Same
+  arithmetic; only the summation order inside the kernels may differ (float rounding).
 * Int8 dynamic quantization (`quantization="int8"`). Every linear layer — the attention projections W^Q, W^K,
   W^V, W^O, both feed-forward layers and the output projection — becomes PyTorch's dynamically quantized linear
   layer (`torch.ao`, fbgemm/oneDNN kernels): weights stored as int8 with one scale per output row (per-channel,
@@ -36,7 +39,8 @@ def for_cpu_decoding(model: Transformer, quantization: Optional[str] = None) -> 
 
     Args:
         model: a trained Transformer on the CPU; it is not modified.
-        quantization: None (float32: `PackedLinear` layers, or column-major weights without oneDNN) or "int8".
+        quantization: None (float32: column-major weights, and a `PackedLinear` output projection where oneDNN is
+            available) or "int8".
 
     Returns:
         The copy, in eval mode.
@@ -55,13 +59,12 @@ def for_cpu_decoding(model: Transformer, quantization: Optional[str] = None) -> 
     decoder = copy.deepcopy(model).eval()
     if quantization == "int8":
         return _quantize_int8(decoder)
+    _split_attention_projections(decoder)
     if PackedLinear.is_available():
-        _split_attention_projections(decoder)
-        _replace_linear_layers(decoder, PackedLinear)
-        return decoder
+        decoder.output_projection = PackedLinear(decoder.output_projection)  # a copy: the embedding keeps its own
     with torch.no_grad():
         for module in decoder.modules():
-            if isinstance(module, nn.Linear):  # the tied output projection shares its weight with the embedding
+            if isinstance(module, nn.Linear):  # a tied output projection shares its weight with the embedding
                 module.weight.data = module.weight.data.t().contiguous().t()
     return decoder
 
@@ -96,14 +99,6 @@ def _split_attention_projections(model: Transformer) -> None:
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
             module.split_projections()  # W^Q and [W^K; W^V] as whole layers, which can then be replaced
-
-
-def _replace_linear_layers(module: nn.Module, make: type) -> None:
-    for name, child in module.named_children():
-        if type(child) is nn.Linear:
-            setattr(module, name, make(child))
-        else:
-            _replace_linear_layers(child, make)
 
 
 def _quantize_int8(model: Transformer) -> Transformer:
