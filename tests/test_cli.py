@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+import sentencepiece
 
 from tests.conftest import write_small_config
 from transformer.cli import main
@@ -147,8 +148,6 @@ def test_evaluate_several_references_as_sacrebleu_scores_them(trained_run, multi
 
 
 def test_min_len_flag_and_no_n_best_on_evaluate(trained_run, tmp_path):
-    import sentencepiece
-
     ckpt = str(trained_run / "checkpoints" / "best.pt")
     sentences = ["Ein Hund läuft.", "Zwei Männer.", "Eine Frau singt.", "Kinder spielen.", "Ein Mann.", "Hallo.",
                  "Ja.", "Ein Hund.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen."]
