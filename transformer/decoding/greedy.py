@@ -55,6 +55,30 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
     return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
 
 
+def row_argmax(x: Tensor) -> Tensor:
+    """The index of each row's largest value, the first one on ties: `x.argmax(dim=-1)`, faster on the CPU.
+
+    Index-returning reductions (`argmax`, `max(dim)`, `topk`) run several times slower on the CPU than `amax`
+    (on a 2-core AMD EPYC: 0.65 against 0.03 ms for 64 x 8,000 logits), so the row is cut into chunks: the
+    largest chunk maximum picks the chunk (the first such chunk), then an argmax within it the index — two small
+    argmaxes instead of one over the whole row. NaN is the largest value, as for `argmax`.
+
+    Args:
+        x: `(rows, vocab)`.
+
+    Returns:
+        `(rows,)` LongTensor.
+    """
+    rows, vocab = x.shape
+    chunk = next((c for c in range(128, 15, -1) if vocab % c == 0), None)
+    if x.device.type != "cpu" or chunk is None or vocab < 1024:
+        return x.argmax(dim=-1)
+    chunks = x.reshape(rows, vocab // chunk, chunk)
+    best_chunk = chunks.amax(dim=-1).argmax(dim=-1)  # (rows,)
+    within = chunks[torch.arange(rows, device=x.device), best_chunk].argmax(dim=-1)  # (rows,)
+    return best_chunk * chunk + within
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
                   max_len_b: int = 10, min_len: int = 0, use_cache: bool = True,
@@ -103,7 +127,7 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
             for i, lprob in zip(alive, best_lprobs.tolist()):
                 totals[i] += lprob
         else:
-            best = candidates.argmax(dim=-1)
+            best = row_argmax(candidates)
         keep = []
         for row, (i, token) in enumerate(zip(alive, best.tolist())):
             if token == EOS_ID:
