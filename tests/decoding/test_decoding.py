@@ -9,6 +9,7 @@ import torch
 from tests.conftest import random_tokens, tiny_model
 from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import beam_search, gnmt_length_penalty, greedy_decode
+from transformer.decoding.greedy import row_argmax
 
 VOCAB = 10  # small, so that eos (1 in 10) ends hypotheses of a random model
 
@@ -156,8 +157,6 @@ def test_greedy_stops_when_every_sentence_has_ended(model):
 
 @pytest.mark.parametrize("vocab", [8000, 2048, 37000, 1031])  # chunks of 160 and 128; argmax itself for the others
 def test_row_argmax_equals_argmax_with_ties_nan_and_infinities(vocab):
-    from transformer.decoding.greedy import row_argmax
-
     g = torch.Generator().manual_seed(vocab)
     x = torch.randn(20, vocab, generator=g).round(decimals=1)  # many ties at the top of each row
     x[1, vocab // 3] = x[1, 5] = x[1].max() + 1.0  # a tie between two chunks: the first index wins

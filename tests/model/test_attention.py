@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from transformer.model.attention import MultiHeadAttention, causal_mask, make_key_padding_mask
+from transformer.model.attention import KVCache, MultiHeadAttention, causal_mask, make_key_padding_mask
 
 
 def _attention(seed=0, dropout=0.0):
@@ -85,8 +85,6 @@ def test_rejects_indivisible_heads():
 
 def test_kv_cache_appends_and_selects_like_concatenation():
     """The preallocated cache holds what torch.cat and index_select would, across growth and beam reordering."""
-    from transformer.model.attention import KVCache
-
     g = torch.Generator().manual_seed(0)
     cache, keys, values = KVCache(), None, None
     for step in range(40):  # past the first capacity (16) and its doubling (32)
@@ -113,8 +111,6 @@ def test_cached_decoding_path_equals_the_explicit_path(fully_padded_row):
     """Incremental decoding takes `_cached_attention` (scale and padding folded into one batched product): it gives
     the explicit path's outputs for self-attention on the cache and for encoder-decoder attention with padding,
     across a row selection; a source row that is all padding falls back to the explicit path (zeros, not NaN)."""
-    from transformer.model.attention import KVCache
-
     self_attn, cross_attn = _attention(seed=1), _attention(seed=2)
     g = torch.Generator().manual_seed(3)
     memory = torch.randn(3, 6, 16, generator=g)

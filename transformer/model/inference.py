@@ -10,8 +10,9 @@ uses it whenever it decodes on the CPU.
   torch.compile's CPU backend uses). Measured per layer shape (2 threads, AMD EPYC with AVX2; README, "Decoding
   speed"): oneDNN is 1.4-6x faster than sgemm on the 256 x 8,000 projection at 4-320 rows, but carries a fixed
   cost of about 50 us per call that makes it 1.2-4.5x slower on the 256 x 256 attention projections up to 64
-  rows, and 2-3x slower on every layer for a single row; on the 768- and 1,024-wide layers the two are level
-  from 64 rows up. Where this PyTorch build has no oneDNN, the output projection is column-major too. Same
+  rows, and 1.8-3.4x slower on every other layer for a single row; on the 768- and 1,024-wide layers it was
+  0.75-1.11x sgemm's time at 64 rows and 0.94-1.46x at 320 (end to end, greedy at batch 64 gained 2-5%).
+  Where this PyTorch build has no oneDNN, the output projection is column-major too. Same
   arithmetic; only the summation order inside the kernels may differ (float rounding).
 * Int8 dynamic quantization (`quantization="int8"`). Every linear layer — the attention projections W^Q, W^K,
   W^V, W^O, both feed-forward layers and the output projection — becomes PyTorch's dynamically quantized linear
