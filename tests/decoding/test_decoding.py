@@ -9,6 +9,7 @@ import torch
 from tests.conftest import random_tokens, tiny_model
 from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import beam_search, gnmt_length_penalty, greedy_decode
+from transformer.decoding.beam import row_topk
 from transformer.decoding.greedy import row_argmax
 
 VOCAB = 10  # small, so that eos (1 in 10) ends hypotheses of a random model
@@ -167,3 +168,23 @@ def test_row_argmax_equals_argmax_with_ties_nan_and_infinities(vocab):
     expected = x.argmax(dim=-1)
     assert torch.equal(row_argmax(x), expected)
     assert torch.equal(row_argmax(x[:, None, :][:, 0]), expected)  # a strided view, as decode's logits[:, -1]
+
+
+@pytest.mark.parametrize("vocab, k", [(8000, 10), (8000, 8), (2048, 4), (37000, 10), (300, 10)])  # the last two: topk
+def test_row_topk_equals_topk_with_ties_nan_and_infinities(vocab, k):
+    g = torch.Generator().manual_seed(vocab + k)
+    x = torch.randn(20, vocab, generator=g).round(decimals=1)  # many ties at the top of each row
+    x[1, vocab // 3] = x[1, 5] = x[1].max() + 1.0  # a tie between two chunks
+    x[2] = float("-inf")  # every token blocked
+    x[3, 7::11] = float("nan")  # NaN counts as the largest value
+    x[4, -1] = float("inf")
+    x[5, :] = 0.25  # all equal
+    x[6, :k + 3] = 50.0  # the top values all in one chunk
+    expected_values, expected_indices = x.topk(k, dim=-1)
+    for rows in (x, x[:, None, :][:, 0]):  # and a strided view, as decode's logits[:, -1]
+        values, indices = row_topk(rows, k)
+        torch.testing.assert_close(values, expected_values, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(x.gather(1, indices), values, rtol=0, atol=0, equal_nan=True)  # where they are
+        assert all(len(set(row)) == k for row in indices.tolist())  # k distinct positions per row
+        distinct = (values[:, 1:] != values[:, :-1]).all(dim=1) & ~values.isnan().any(dim=1)
+        assert torch.equal(indices[distinct], expected_indices[distinct])  # without ties, the same positions

@@ -76,6 +76,36 @@ def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, be
                            model.new_cache() if use_cache else None)
 
 
+def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest values of each row, largest first, and their indices: `x.topk(k, dim=-1)`, faster on the CPU.
+
+    `topk` costs about as much per row as per element on the CPU, so the row is cut into chunks: the k largest
+    values lie in the k chunks with the largest maxima (a chunk outside them has k chunk maxima at least as
+    large above its own, each a distinct element), so `amax` per chunk, a top-k over the chunk maxima, and a
+    top-k over the k chosen chunks give the same values. Indices of equal values may come in another order than
+    `topk`'s (which does not specify it). Below 16 rows, on other devices, or without a chunk size that is a
+    multiple of 16 between 32 and 160, divides the vocabulary and leaves at least 4 chunks per selected one, it is
+    `topk` itself.
+
+    Args:
+        x: `(rows, vocab)`.
+        k: values per row, at most vocab.
+
+    Returns:
+        values and indices (LongTensor), each `(rows, k)`.
+    """
+    rows, vocab = x.shape
+    chunk = next((c for c in range(160, 31, -16) if vocab % c == 0 and 4 * k * c <= vocab), None)
+    if x.device.type != "cpu" or chunk is None or rows < 16:
+        return x.topk(k, dim=-1)
+    n_chunks = vocab // chunk
+    top_chunks = x.reshape(rows, n_chunks, chunk).amax(dim=-1).topk(k, dim=-1).indices  # (rows, k)
+    first_chunk = torch.arange(0, rows * n_chunks, n_chunks, device=x.device)[:, None]  # (rows, 1)
+    candidates = x.reshape(rows * n_chunks, chunk).index_select(0, (top_chunks + first_chunk).view(-1))
+    values, within = candidates.view(rows, k * chunk).topk(k, dim=-1)  # (rows, k): position among the candidates
+    return values, top_chunks.gather(1, within // chunk) * chunk + within % chunk
+
+
 def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
@@ -95,7 +125,7 @@ def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) 
     if step < min_len:
         lprobs[:, EOS_ID] = float("-inf")
     n_alive, beam_size = state.scores.shape
-    best_lprobs, best_tokens = lprobs.topk(min(2 * beam_size, lprobs.size(-1)), dim=-1)  # (rows, k)
+    best_lprobs, best_tokens = row_topk(lprobs, min(2 * beam_size, lprobs.size(-1)))  # (rows, k)
     return (state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
             best_tokens.view(n_alive, beam_size, -1))
 

@@ -125,12 +125,11 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
         candidates[:, BOS_ID] = float("-inf")
         if step < min_len:
             candidates[:, EOS_ID] = float("-inf")
+        best = row_argmax(candidates)  # (alive,)
         if scores:
-            best_lprobs, best = candidates.max(dim=-1)
+            best_lprobs = candidates.gather(1, best[:, None])[:, 0]
             for i, lprob in zip(alive, best_lprobs.tolist()):
                 totals[i] += lprob
-        else:
-            best = row_argmax(candidates)
         keep = []
         for row, (i, token) in enumerate(zip(alive, best.tolist())):
             if token == EOS_ID:
