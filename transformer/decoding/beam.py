@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..model import DecoderCache, Transformer
-from .greedy import Hypothesis, max_output_lengths
+from .greedy import Hypothesis, max_output_lengths, reduction_chunk
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -85,7 +85,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     top-k over the k chosen chunks give the same values. Indices of equal values may come in another order than
     `topk`'s (which does not specify it). Below 16 rows, on other devices, or without a chunk size that is a
     multiple of 16 between 32 and 160, divides the vocabulary and leaves at least 4 chunks per selected one, it is
-    `topk` itself.
+    `topk` itself (see `greedy.reduction_chunk`).
 
     Args:
         x: `(rows, vocab)`.
@@ -95,7 +95,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         values and indices (LongTensor), each `(rows, k)`.
     """
     rows, vocab = x.shape
-    chunk = next((c for c in range(160, 31, -16) if vocab % c == 0 and 4 * k * c <= vocab), None)
+    chunk = reduction_chunk(vocab, min_chunks=4 * k)
     if x.device.type != "cpu" or chunk is None or rows < 16:
         return x.topk(k, dim=-1)
     n_chunks = vocab // chunk

@@ -6,6 +6,7 @@ The output length cap is defined once, by `max_output_lengths` below, and used b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -55,6 +56,13 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
     return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
 
 
+def reduction_chunk(vocab: int, min_chunks: int = 1) -> Optional[int]:
+    """The chunk size of the two-stage row reductions (`row_argmax`, `beam.row_topk`): the largest multiple of 16
+    between 32 and 160 that cuts a row of vocab values into at least min_chunks whole chunks (multiples of 16
+    vectorize well; an odd size such as 125 does not), or None if there is none."""
+    return next((c for c in range(160, 31, -16) if vocab % c == 0 and vocab // c >= min_chunks), None)
+
+
 def row_argmax(x: Tensor) -> Tensor:
     """The index of each row's largest value, the first one on ties: `x.argmax(dim=-1)`, faster on the CPU.
 
@@ -73,7 +81,7 @@ def row_argmax(x: Tensor) -> Tensor:
         `(rows,)` LongTensor.
     """
     rows, vocab = x.shape
-    chunk = next((c for c in range(160, 31, -16) if vocab % c == 0), None)
+    chunk = reduction_chunk(vocab)
     if x.device.type != "cpu" or chunk is None or rows < 16:
         return x.argmax(dim=-1)
     chunks = x.reshape(rows, vocab // chunk, chunk)
