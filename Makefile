@@ -47,7 +47,7 @@ train: install
 AVERAGE_LAST ?= 5
 
 # Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
-# config's beam search (beam 4, α 0.6).
+# config's beam search (the Multi30k recipes: beam 4, α 2.0).
 evaluate: install
 	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
 		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
