@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout
+
 
 def make_key_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """Padding mask of a batch of token ids.
@@ -102,7 +104,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allo
     if allowed is not None:
         # A fully masked row is softmax(-inf, ..., -inf) = NaN; it attends to nothing instead.
         weights = weights.masked_fill(~allowed, 0.0)
-    output = F.dropout(weights, p=dropout_p) @ value  # (batch, n_heads, q_len, d_head)
+    output = dropout(weights, dropout_p) @ value  # (batch, n_heads, q_len, d_head)
     return output, weights
 
 
@@ -364,7 +366,10 @@ class MultiHeadAttention(nn.Module):
         # Incremental decoding that `_cached_attention` does not cover (several new positions, a target padding
         # mask, a source row that is all padding) takes the explicit path: there the fused kernel's per-row overhead
         # dominates (320 rows x 4 heads, 1 query, 20 keys: 0.47 against 1.07 ms on 2 CPU threads).
-        explicit = need_weights or (cache is not None and not self.training)
+        # Training on CPU with attention dropout takes it too: F.scaled_dot_product_attention's CPU dropout draws
+        # its mask with bernoulli_, several times slower than `dropout` (model/dropout.py).
+        explicit = (need_weights or (cache is not None and not self.training)
+                    or (dropout_p > 0.0 and q.device.type == "cpu"))
         if is_causal and attn_mask is None and (explicit or key_padding_mask is not None):
             attn_mask = causal_mask(q.size(2), device=q.device)
         allowed = _allowed_positions(key_padding_mask, attn_mask)

