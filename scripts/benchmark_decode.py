@@ -4,7 +4,7 @@ side with CTranslate2.
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
-        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--repeat N] [--system-malloc]
+        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--repeat N] [--workers N] [--system-malloc] [--profile N]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
@@ -25,6 +25,11 @@ Like `transformer translate`, it first calls `transformer.device.reuse_freed_mem
 for reuse instead of re-faulting its pages); --system-malloc skips that, to measure what it changes.
 A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed, the cache speed-up of
 each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round).
+With --workers N (default 1) both engines decode N batches at once, each on threads / N threads: ours through
+`Translator(..., workers=N)`, CTranslate2 with inter_threads=N and intra_threads=threads / N.
+With --profile N, our float32 decoder then runs each setting once more under torch.profiler (CPU activities) and
+the N operators with the most self CPU time are printed per setting, with the wall time of the profiled run and
+the share of it that no operator accounts for (Python and dispatch between operators): where the time goes.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import DecodingConfig
 from transformer.data import load_split
@@ -95,13 +101,17 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also decode with our int8-quantized model")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds over every engine and setting; the summary keeps each setting's fastest")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches decoded at once by each engine, each on threads / workers threads")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then profile our float32 decoder once per setting and print its N costliest operators")
     parser.add_argument("--system-malloc", action="store_true",
                         help="leave glibc's allocator settings as they are (see reuse_freed_memory)")
     args = parser.parse_args()
     if not args.system_malloc:
         reuse_freed_memory()
     torch.set_num_threads(args.threads)
-    translator = Translator.from_checkpoint(args.checkpoint, device="cpu")
+    translator = Translator.from_checkpoint(args.checkpoint, device="cpu", workers=args.workers)
     data = translator.config.data
     corpus = load_split(data, data.test_split)
     src_ids = translator.tokenizer.encode_src(corpus.src[:args.sentences])
@@ -111,13 +121,15 @@ def main() -> None:
 
         pieces = translator.tokenizer.src.encode(corpus.src[:args.sentences], out_type=str)
         for folder in args.ctranslate2:
-            model = ctranslate2.Translator(folder, device="cpu", intra_threads=args.threads)
+            model = ctranslate2.Translator(folder, device="cpu", intra_threads=max(1, args.threads // args.workers),
+                                           inter_threads=args.workers)
             quantization = json.loads((Path(folder) / "transformer_nmt.json").read_text())["quantization"]
             model.translate_batch(pieces[:16])  # warm-up
             ctranslate2_models.append((f"ctranslate2 {ctranslate2.__version__} {quantization}", model))
     ours = [("ours", translator)]
     if args.int8:
-        ours.append(("ours int8", Translator.from_checkpoint(args.checkpoint, device="cpu", quantization="int8")))
+        ours.append(("ours int8", Translator.from_checkpoint(args.checkpoint, device="cpu", quantization="int8",
+                                                             workers=args.workers)))
     for _, decoder in ours:
         decoder.decode_ids(src_ids[:16], decoder.config.decoding)  # warm-up
     settings = [(mode, int(b)) for mode in args.modes.split(",") for b in args.batch_sizes.split(",")]
@@ -157,6 +169,18 @@ def main() -> None:
     summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "cache_speedup": speedups,
                "speed_ours_over_ctranslate2": ratios}
     print(json.dumps({"summary": summary}))
+    for mode, batch_size in settings if args.profile else []:
+        options = mode_options(translator.config.decoding, mode, batch_size)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            translator.decode_ids(src_ids, options, use_cache=True, scores=False)
+            seconds = time.perf_counter() - start
+        events = prof.key_averages()
+        # self times of aten:: operators only: other events (autograd functions, profiler records) nest them
+        op_seconds = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::")) / 1e6
+        print(f"\nprofile: ours, {mode}, batch {batch_size}: {seconds:.2f} s wall (profiled), aten operators "
+              f"{op_seconds:.2f} s self time, the rest {max(seconds - op_seconds, 0.0):.2f} s (Python, dispatch)")
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,22 @@ def test_translate_arguments_stdin_and_files(trained_run, tmp_path):
     assert scores == sorted(scores, reverse=True)
 
 
+def test_translate_with_two_workers_writes_the_same(trained_run, multi30k_subset, tmp_path):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    lines = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")
+    (tmp_path / "in.txt").write_text("\n".join(lines[:40]) + "\n")
+    outputs = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}.txt"
+        result = run_cli("translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--output", str(out),
+                         "--batch-size", "8", "--workers", workers)
+        assert result.returncode == 0, result.stderr
+        outputs.append(out.read_text())
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 40
+    result = run_cli("translate", "--checkpoint", ckpt, "--workers", "0", "Ein Hund läuft.")
+    assert result.returncode == 2 and "--workers must be at least 1, got 0" in result.stderr
+
+
 def test_translate_and_evaluate_read_text_by_the_one_set_of_rules(trained_run, tmp_path, capsys):
     """BOM and CRLF endings are tolerated alike in --input, stdin, --src and --ref; a NUL byte or invalid UTF-8
     stops with the file and line."""

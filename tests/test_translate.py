@@ -6,8 +6,10 @@ import logging
 import unicodedata
 
 import pytest
+import torch
 
 from transformer import Translator
+from transformer.config import ConfigError
 
 SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "⁇", "▁")
 
@@ -101,3 +103,22 @@ def test_unicode_inputs(translator):
     assert len(out) == len(lines)
     assert out[1] == out[2]  # NFC and NFD spellings translate identically
     assert not any("⁇" in o or "<unk>" in o for o in out)
+
+
+def test_workers_give_the_same_outputs_and_restore_the_thread_count(trained_run, test_lines):
+    path = trained_run / "checkpoints" / "best.pt"
+    one, two = Translator.from_checkpoint(path), Translator.from_checkpoint(path, workers=2)
+    threads = torch.get_num_threads()
+    for beam_size in (1, 4):  # batches of 4: several batches, so that both workers decode
+        reference = one.translate_n_best(test_lines, beam_size=beam_size, n_best=1, batch_size=4)
+        parallel = two.translate_n_best(test_lines, beam_size=beam_size, n_best=1, batch_size=4)
+        assert [h[0][0] for h in parallel] == [h[0][0] for h in reference]
+        assert [h[0][1] for h in parallel] == pytest.approx([h[0][1] for h in reference], abs=1e-5)
+    assert torch.get_num_threads() == threads
+    assert two.stats.n_sentences == len(test_lines)
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_bad_worker_counts_are_refused(trained_run, workers):
+    with pytest.raises(ConfigError, match="--workers must be at least 1"):
+        Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt", workers=workers)

@@ -26,6 +26,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from .checkpoint import load_for_inference
 from .config import Config, ConfigError, DecodingConfig, config_from_dict
 from .decoding import max_output_length
@@ -161,9 +163,13 @@ class CTranslate2Translator:
         path: a folder written by `export_ctranslate2`.
         device: "cpu" or "cuda" ("auto": cuda if CTranslate2 sees a GPU).
         threads: CPU threads (0: CTranslate2's default).
+        workers: batches decoded at once (CTranslate2's `inter_threads`), each on threads / workers threads
+            (torch's thread count when `threads` is 0).
     """
 
-    def __init__(self, path: str | Path, device: str = "cpu", threads: int = 0) -> None:
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1) -> None:
+        if workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {workers}")
         ct2 = _ctranslate2()
         path = Path(path)
         metadata = json.loads((path / METADATA).read_text())
@@ -176,8 +182,10 @@ class CTranslate2Translator:
         if device.split(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"--device {device!r}: a CTranslate2 model runs on cpu or cuda")
         index = int(device.split(":")[1]) if ":" in device else 0
+        if workers > 1:
+            threads = max(1, (threads or torch.get_num_threads()) // workers)
         self.model = ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
-                                    intra_threads=threads)
+                                    intra_threads=threads, inter_threads=workers)
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
@@ -215,7 +223,8 @@ class CTranslate2Translator:
         return results
 
 
-def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None) -> Any:
+def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,
+                    workers: int = 1) -> Any:
     """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
 
     Raises:
@@ -225,9 +234,9 @@ def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: O
         if quantization:
             raise ConfigError(f"--quantization {quantization}: {checkpoint} is a CTranslate2 folder, whose weight type "
                               "is chosen when exporting (transformer export --quantization ...)")
-        return CTranslate2Translator(checkpoint, device=device)
+        return CTranslate2Translator(checkpoint, device=device, workers=workers)
     from .translate import Translator
-    return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization)
+    return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, workers=workers)
 
 
 __all__ = ["CTranslate2Translator", "ExportError", "export_ctranslate2", "is_ctranslate2_dir", "open_translator"]

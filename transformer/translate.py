@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -52,15 +53,24 @@ class Translator:
         quantization: None (float32, as trained) or "int8": linear layers int8 dynamically quantized (CPU only).
             On the CPU the model decodes as a copy made by `model.inference.for_cpu_decoding` (weight layout,
             quantization).
+        workers: batches decoded at once (CPU only), each in its own thread on torch's thread count divided
+            by `workers` (at least 1), which `decode_ids` sets for the duration of the call and then restores.
+            Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
+            (README: greedy 1.24-1.28x, beam 5 1.07-1.09x); the outputs are the same.
 
     Raises:
         ConfigError: an unknown quantization, int8 on a device other than the CPU, or int8 unavailable in this
-            PyTorch build.
+            PyTorch build; workers < 1, or workers > 1 on a device other than the CPU.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
-                 device: torch.device | str = "cpu", quantization: Optional[str] = None) -> None:
+                 device: torch.device | str = "cpu", quantization: Optional[str] = None, workers: int = 1) -> None:
         self.device = torch.device(device)
+        if workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        if workers > 1 and self.device.type != "cpu":
+            raise ConfigError(f"--workers {workers} decodes on the CPU only, not on {self.device}")
+        self.workers = workers
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()  # of the trained model (int8 layers hold no Parameters)
         if quantization and self.device.type != "cpu":
@@ -76,18 +86,18 @@ class Translator:
         self.stats = TranslationStats()
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "cpu",
-                        quantization: Optional[str] = None) -> "Translator":
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu", quantization: Optional[str] = None,
+                        workers: int = 1) -> "Translator":
         """Rebuild model, tokenizer and config from one checkpoint file (whatever device trained it).
 
         Raises:
             CheckpointError: the file is missing, corrupt or unsafe.
             DeviceError: the device is not available.
-            ConfigError: as `Translator`, for the quantization.
+            ConfigError: as `Translator`, for the quantization and workers.
         """
         resolved = resolve_device(device)
         config, model, tokenizer = load_for_inference(path)
-        return cls(model, tokenizer, config, resolved, quantization=quantization)
+        return cls(model, tokenizer, config, resolved, quantization=quantization, workers=workers)
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated.
@@ -172,9 +182,24 @@ class Translator:
         self.stats = TranslationStats(n_sentences=len(src_ids))
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
         order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
-        for chunk in _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options):
-            batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
-            decoded = self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache, scores)
+        chunks = _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options)
+
+        def decode_chunk(chunk: list[int]) -> list[list[Hypothesis]]:
+            with torch.no_grad():  # grad mode is per thread: a worker thread needs its own
+                batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
+                return self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache, scores)
+
+        if self.workers > 1 and len(chunks) > 1:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, threads // self.workers))
+            try:  # longest batches first, each to the next free worker; results come back in batch order
+                with ThreadPoolExecutor(self.workers) as pool:
+                    decoded_chunks = list(pool.map(decode_chunk, chunks))
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            decoded_chunks = [decode_chunk(chunk) for chunk in chunks]
+        for chunk, decoded in zip(chunks, decoded_chunks):
             for i, hyps in zip(chunk, decoded):
                 results[i] = hyps
         for hyps in results:
