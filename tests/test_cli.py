@@ -253,11 +253,14 @@ def test_hf_dataset_direction_is_logged(tmp_path):
 
 
 def test_translate_streams_typed_lines_one_by_one(trained_run):
-    """One line in, its translation out while stdin is still open; then the next line."""
+    """One line in, its translation out while stdin is still open; then the next line. With --n-best 1 each output
+    line starts with its input's index, so the test knows which input an output answers, whatever the (weakly
+    trained) model writes."""
     import select
 
+    flags = ["--beam-size", "1", "--n-best", "1"]
     process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint",
-                                str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1"],
+                                str(trained_run / "checkpoints" / "best.pt"), *flags],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=Path(__file__).resolve().parents[1])
 
@@ -271,12 +274,13 @@ def test_translate_streams_typed_lines_one_by_one(trained_run):
     try:
         first = translation_of("Ein Mann fährt Fahrrad.")
         second = translation_of("Zwei Hunde spielen im Schnee.")
-        assert first.endswith("\n") and first.strip() and second.strip() and first != second
+        assert first.startswith("0\t") and second.startswith("1\t")
+        assert first.endswith("\n") and first.split("\t")[2].strip() and second.split("\t")[2].strip()
     finally:
         process.stdin.close()
         process.wait(timeout=120)
     assert process.returncode == 0, process.stderr.read().decode()
-    batch = run_cli("translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1",
+    batch = run_cli("translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), *flags,
                     stdin="Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n")
     assert batch.stdout == first + second  # the same as the whole input at once
 

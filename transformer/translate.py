@@ -56,7 +56,7 @@ class Translator:
         workers: batches decoded at once (CPU only), each in its own thread on torch's thread count divided
             by `workers` (at least 1), which `decode_ids` sets for the duration of the call and then restores.
             Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
-            (README: greedy 1.24-1.28x, beam 5 1.07-1.09x); the outputs are the same.
+            (README: greedy 1.3-1.4x, beam 5 about 1.1x); the outputs are the same.
 
     Raises:
         ConfigError: an unknown quantization, int8 on a device other than the CPU, or int8 unavailable in this
