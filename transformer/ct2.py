@@ -32,7 +32,7 @@ from .checkpoint import load_for_inference
 from .config import Config, ConfigError, DecodingConfig, config_from_dict
 from .decoding import max_output_length
 from .tokenizer import Tokenizer
-from .translate import decoding_options
+from .translate import check_workers, decoding_options
 
 METADATA = "transformer_nmt.json"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
@@ -168,8 +168,7 @@ class CTranslate2Translator:
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1) -> None:
-        if workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        check_workers(workers)
         ct2 = _ctranslate2()
         path = Path(path)
         metadata = json.loads((path / METADATA).read_text())

@@ -66,8 +66,7 @@ class Translator:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
                  device: torch.device | str = "cpu", quantization: Optional[str] = None, workers: int = 1) -> None:
         self.device = torch.device(device)
-        if workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        check_workers(workers)
         if workers > 1 and self.device.type != "cpu":
             raise ConfigError(f"--workers {workers} decodes on the CPU only, not on {self.device}")
         self.workers = workers
@@ -219,6 +218,12 @@ class Translator:
             return [[h] for h in hyps]
         return beam_search(self.model, src, mask, options.beam_size, options.length_penalty, options.n_best,
                            options.max_len_a, options.max_len_b, options.min_len, use_cache=use_cache)
+
+
+def check_workers(workers: int) -> None:
+    """Raises ConfigError unless `workers` (batches decoded at once, `--workers`) is at least 1."""
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:

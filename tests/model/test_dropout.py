@@ -75,15 +75,26 @@ def test_bad_probability_is_refused(p):
         dropout(torch.ones(3), p)
 
 
-def test_attention_dropout_zeroes_weights_in_training_only():
-    # On CPU, training with attention dropout takes the explicit path with `dropout`: an attention output
-    # differs from eval mode, and in eval mode dropout is off, so two calls agree.
+def test_attention_dropout_on_cpu_goes_through_our_dropout_in_training_only(monkeypatch):
+    # On CPU, training with attention dropout takes the explicit path with `dropout` on the weights
+    # `(batch, n_heads, q_len, k_len)`; in eval mode dropout is off, so two calls agree.
+    import transformer.model.attention as attention
+
+    calls = []
+
+    def recording_dropout(x, p, training=True):
+        calls.append((tuple(x.shape), p))
+        return dropout(x, p, training)
+
+    monkeypatch.setattr(attention, "dropout", recording_dropout)
     torch.manual_seed(5)
     attn = MultiHeadAttention(d_model=16, n_heads=4, attention_dropout=0.5)
     x = torch.randn(3, 6, 16)
     attn.train()
     out_train, _ = attn(x, x, x)
+    assert calls == [((3, 4, 6, 6), 0.5)]
     attn.eval()
     out_eval, _ = attn(x, x, x)
     assert not torch.allclose(out_train, out_eval)
     torch.testing.assert_close(attn(x, x, x)[0], out_eval)
+    assert all(p == 0.0 for _, p in calls[1:])  # eval mode: the explicit path (if taken) drops nothing

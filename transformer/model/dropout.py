@@ -24,6 +24,11 @@ from torch import Tensor, nn
 _INT64_MIN = -(2 ** 63)
 
 
+def _check_probability(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+
+
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None) -> Tensor:
     """A random bool mask that is True (keep) with probability 1 - p, from 16 random bits per element.
 
@@ -71,8 +76,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     Raises:
         ValueError: p outside [0, 1).
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    _check_probability(p)
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
@@ -92,8 +96,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        _check_probability(p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
