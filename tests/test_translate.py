@@ -3,6 +3,8 @@
 import dataclasses
 import gzip
 import logging
+import threading
+import time
 import unicodedata
 
 import pytest
@@ -116,6 +118,43 @@ def test_workers_give_the_same_outputs_and_restore_the_thread_count(trained_run,
         assert [h[0][1] for h in parallel] == pytest.approx([h[0][1] for h in reference], abs=1e-5)
     assert torch.get_num_threads() == threads
     assert two.stats.n_sentences == len(test_lines)
+
+
+def test_concurrent_worker_calls_take_turns_with_the_thread_count(trained_run, test_lines, monkeypatch):
+    # Two threads decode with workers=2, the second starting while the first holds the lowered count. Without
+    # coordination the second would save the lowered count as "the" count, decode on 1 thread instead of 2, and
+    # restore the lowered count last, leaving the process on it.
+    path = trained_run / "checkpoints" / "best.pt"
+    translators = [Translator.from_checkpoint(path, workers=2) for _ in range(2)]
+    seen = []  # torch's thread count inside every batch decoded
+
+    def slow_decode_batch(self, *args):
+        seen.append(torch.get_num_threads())
+        time.sleep(0.05)
+        return original(self, *args)
+
+    original = Translator._decode_batch
+    monkeypatch.setattr(Translator, "_decode_batch", slow_decode_batch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        outputs = [None, None]
+
+        def run(i):
+            outputs[i] = translators[i].translate(test_lines[:8], beam_size=1, batch_size=4)
+
+        first = threading.Thread(target=run, args=(0,))
+        second = threading.Thread(target=run, args=(1,))
+        first.start()
+        time.sleep(0.02)  # the first call has lowered the count and is decoding
+        second.start()
+        first.join()
+        second.join()
+        assert torch.get_num_threads() == 4
+        assert seen == [2] * 4  # 2 calls x 2 batches, each on 4 // 2 threads
+        assert outputs[0] == outputs[1]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("workers", [0, -1])

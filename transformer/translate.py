@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,11 @@ from .model.inference import for_cpu_decoding
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# torch's intra-op thread count is one setting for the whole process: decoding with workers > 1 lowers it for the
+# duration of the call, and this lock keeps two such calls (from two threads, two Translators) from interleaving
+# their save and restore, which would leave the process on the lowered count.
+_THREAD_COUNT_LOCK = threading.Lock()
 
 
 @dataclass
@@ -55,6 +61,8 @@ class Translator:
             quantization).
         workers: batches decoded at once (CPU only), each in its own thread on torch's thread count divided
             by `workers` (at least 1), which `decode_ids` sets for the duration of the call and then restores.
+            That count is process-wide: calls with workers > 1 from several threads take turns, and a one-worker
+            call running beside one of them decodes on the lowered count.
             Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
             (README: greedy 1.3-1.4x, beam 5 about 1.1x); the outputs are the same.
 
@@ -189,13 +197,14 @@ class Translator:
                 return self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache, scores)
 
         if self.workers > 1 and len(chunks) > 1:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(max(1, threads // self.workers))
-            try:  # longest batches first, each to the next free worker; results come back in batch order
-                with ThreadPoolExecutor(self.workers) as pool:
-                    decoded_chunks = list(pool.map(decode_chunk, chunks))
-            finally:
-                torch.set_num_threads(threads)
+            with _THREAD_COUNT_LOCK:  # concurrent multi-worker calls take turns (see the lock's comment)
+                threads = torch.get_num_threads()
+                torch.set_num_threads(max(1, threads // self.workers))
+                try:  # longest batches first, each to the next free worker; results come back in batch order
+                    with ThreadPoolExecutor(self.workers) as pool:
+                        decoded_chunks = list(pool.map(decode_chunk, chunks))
+                finally:
+                    torch.set_num_threads(threads)
         else:
             decoded_chunks = [decode_chunk(chunk) for chunk in chunks]
         for chunk, decoded in zip(chunks, decoded_chunks):
