@@ -40,8 +40,10 @@ test: install
 lint: install
 	$(BIN)/ruff check transformer tests scripts
 
+# RESUME=1 continues an interrupted run of RUN_DIR (train --resume); without it, a RUN_DIR that holds a run is refused.
+RESUME ?=
 train: install
-	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS)
+	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,)
 	$(MAKE) --no-print-directory evaluate
 
 AVERAGE_LAST ?= 5

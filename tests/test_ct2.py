@@ -29,6 +29,36 @@ def test_export_writes_a_complete_model_folder(exported, trained_run, capsys):
     assert "exists; use --force" in capsys.readouterr().err
 
 
+def test_force_replaces_only_an_earlier_export(exported, trained_run, tmp_path, capsys, monkeypatch):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    run_like = tmp_path / "run"  # e.g. a run folder given as --output by mistake
+    (run_like / "checkpoints").mkdir(parents=True)
+    (run_like / "notes.txt").write_text("keep me")
+    assert main(["export", "--checkpoint", ckpt, "--output", str(run_like), "--force"]) == 2
+    assert "is not an earlier export" in capsys.readouterr().err and (run_like / "notes.txt").read_text() == "keep me"
+    a_file = tmp_path / "model.bin"
+    a_file.write_text("x")
+    assert main(["export", "--checkpoint", ckpt, "--output", str(a_file), "--force"]) == 2
+    assert "is not a folder" in capsys.readouterr().err and a_file.read_text() == "x"
+    # An earlier export is replaced; a conversion that fails leaves it as it was and no temporary folder behind.
+    again = tmp_path / "again"
+    assert main(["export", "--checkpoint", ckpt, "--output", str(again)]) == 0
+    before = {p.name: p.read_bytes() for p in again.iterdir()}
+    from transformer.tokenizer import Tokenizer
+
+    def broken_save(*args):  # after the model is converted into the temporary folder
+        raise RuntimeError("conversion failed")
+
+    monkeypatch.setattr(Tokenizer, "save", broken_save)
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        main(["export", "--checkpoint", ckpt, "--output", str(again), "--force"])
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == before
+    monkeypatch.undo()
+    assert main(["export", "--checkpoint", ckpt, "--output", str(again), "--force", "--quantization", "int8"]) == 0
+    assert json.loads((again / "transformer_nmt.json").read_text())["quantization"] == "int8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "model.bin", "run"]  # no temporary folders left
+
+
 def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_subset):
     from transformer.ct2 import CTranslate2Translator
     from transformer.translate import Translator

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -123,36 +124,68 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: str | Path, quantizat
                        force: bool = False) -> Path:
     """Convert a checkpoint to a CTranslate2 model folder (see the module docstring).
 
+    The folder is written beside its destination under a temporary name and renamed into place when complete, so
+    a failed conversion leaves no partial folder and, with `force`, the earlier export intact.
+
     Args:
         quantization: weight type, one of `QUANTIZATIONS` (None: float32).
-        force: replace an existing output folder.
+        force: replace an existing output folder, if it is an earlier export (`is_ctranslate2_dir`) or empty;
+            any other folder or file is never deleted.
 
     Raises:
-        ExportError: ctranslate2 missing, a bad quantization, or the output folder exists without `force`.
+        ExportError: ctranslate2 missing, a bad quantization, the output exists without `force`, or with `force`
+            is something other than an earlier export or an empty folder.
         CheckpointError: the checkpoint cannot be read.
     """
     ct2 = _ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
     output_dir = Path(output_dir)
-    if output_dir.exists() and not force:
-        raise ExportError(f"{output_dir} exists; use --force to replace it")
+    _check_replaceable(output_dir, force)
     config, model, tokenizer = load_for_inference(checkpoint)
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
     spec = _build_spec(config, model, tokenizer)
 
     class _Converter(ct2.converters.Converter):
         def _load(self) -> Any:
             return spec
 
-    _Converter().convert(str(output_dir), quantization=quantization, force=True)
-    files = tokenizer.save(output_dir, config.data.src_lang, config.data.tgt_lang)
-    metadata = {"config": config.to_dict(), "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
-                "checkpoint": str(checkpoint), "quantization": quantization or "float32",
-                "sentencepiece": [f.name for f in files]}
-    (output_dir / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        _Converter().convert(str(staging), quantization=quantization, force=True)
+        files = tokenizer.save(staging, config.data.src_lang, config.data.tgt_lang)
+        metadata = {"config": config.to_dict(),
+                    "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
+                    "checkpoint": str(checkpoint), "quantization": quantization or "float32",
+                    "sentencepiece": [f.name for f in files]}
+        (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+        if output_dir.exists():  # an earlier export or an empty folder (checked above): out of the way, then gone
+            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
+            output_dir.rename(retired / output_dir.name)
+            staging.rename(output_dir)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(output_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
     return output_dir
+
+
+def _check_replaceable(output_dir: Path, force: bool) -> None:
+    """Refuse an existing output unless `force` and it is an earlier export or an empty folder (ExportError)."""
+    if not output_dir.exists() and not output_dir.is_symlink():
+        return
+    if not force:
+        raise ExportError(f"{output_dir} exists; use --force to replace it")
+    if output_dir.is_symlink() or not output_dir.is_dir():
+        raise ExportError(f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder")
+    if not is_ctranslate2_dir(output_dir) and any(output_dir.iterdir()):
+        names = sorted(p.name for p in output_dir.iterdir())
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ExportError(f"--output {output_dir} holds files ({shown}) but is not an earlier export (no model.bin "
+                          f"and {METADATA}); --force replaces only an export or an empty folder: choose another "
+                          "--output")
 
 
 class CTranslate2Translator:

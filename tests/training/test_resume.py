@@ -79,6 +79,27 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, tiny_config):
         train(tiny_config, tmp_path / "empty", resume=True)
 
 
+def test_a_new_run_into_a_folder_with_an_earlier_run_is_refused(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    train(with_training(tiny_config, max_steps=5, eval_every_steps=5), run_dir)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"already holds a training run \(checkpoints/best.pt.*--resume"):
+        train(tiny_config, run_dir)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # nothing overwritten
+    (run_dir / "checkpoints").rename(tmp_path / "moved")
+    with pytest.raises(ConfigError, match=r"already holds a training run \(metrics.jsonl\)"):
+        train(tiny_config, run_dir)
+
+
+def test_a_folder_with_only_a_tokenizer_and_config_trains(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    train(with_training(tiny_config, max_steps=5, eval_every_steps=5), run_dir)
+    for path in [*(run_dir / "checkpoints").iterdir(), run_dir / "metrics.jsonl"]:
+        path.unlink()  # what `transformer prepare` leaves: spm.model and config.yaml
+    state = train(with_training(tiny_config, max_steps=5, eval_every_steps=5), run_dir)
+    assert state.step == 5
+
+
 def test_sigint_saves_and_says_how_to_resume(tmp_path, multi30k_subset):
     config = write_small_config(tmp_path, multi30k_subset, **{**TINY, "training": {**TINY["training"],
                                                                                   "max_steps": 100000}})

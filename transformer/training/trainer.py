@@ -107,6 +107,25 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
         _validate_and_save(run, state)
 
 
+def check_no_earlier_run(run_dir: Path) -> None:
+    """Refuse to start a new run in a folder that holds an earlier run's checkpoints or metrics: starting afresh
+    there would overwrite last.pt and metrics.jsonl and leave the old best.pt and step_N.pt beside the new run's
+    (which `transformer average --last N` would then mix). A folder with only a tokenizer, a config or nothing (what
+    `transformer prepare` writes) is fine.
+
+    Raises:
+        ConfigError: naming the files found, with the two ways on (--resume, or another or emptied --run-dir).
+    """
+    found = sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(metrics)
+    if found:
+        names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ConfigError(f"{run_dir} already holds a training run ({names}): continue it with --resume (make train "
+                          f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}")
+
+
 def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainState:
     """Train a Transformer as the config says, writing everything into run_dir.
 
@@ -124,7 +143,8 @@ def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainSta
         The final `TrainState`.
 
     Raises:
-        ConfigError, DataError, TokenizerError: bad settings or data, before any long work.
+        ConfigError, DataError, TokenizerError: bad settings or data, before any long work; a run_dir that holds
+            an earlier run without `resume` (`check_no_earlier_run`).
         CheckpointError: `resume` with a missing or corrupt last.pt.
         TrainingInterrupted: after SIGINT/SIGTERM, once last.pt is saved.
         NonFiniteLossError: after `max_nonfinite_steps` non-finite updates in a row.
@@ -132,6 +152,8 @@ def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainSta
     run_dir = Path(run_dir)
     if resume and not checkpoint_path(run_dir).exists():
         raise ConfigError(f"--resume: no checkpoint {checkpoint_path(run_dir)} to resume from")
+    if not resume:
+        check_no_earlier_run(run_dir)
     dist = init_distributed()
     device = _setup(config, dist)
     tokenizer, train_data, valid_data = prepare_data(config, run_dir, dist)
