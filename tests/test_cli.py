@@ -285,6 +285,43 @@ def test_translate_streams_typed_lines_one_by_one(trained_run):
     assert batch.stdout == first + second  # the same as the whole input at once
 
 
+def test_ctrl_c_while_translating_typed_input_is_one_line(trained_run):
+    import select
+    import signal
+
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint",
+                                str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=Path(__file__).resolve().parents[1])
+    try:
+        process.stdin.write("Ein Mann fährt Fahrrad.\n".encode())
+        process.stdin.flush()
+        assert select.select([process.stdout], [], [], 120)[0] and process.stdout.readline().strip()
+        process.send_signal(signal.SIGINT)  # waiting for the next typed line, as a user presses Ctrl-C
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    stderr = process.stderr.read().decode()
+    assert process.returncode == 130 and "translate: interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_translate_and_evaluate_refuse_conflicting_files_before_work(trained_run, tmp_path, capsys):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\nZwei Katzen.\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(src), "--output", str(src)]) == 2
+    assert "is the --input file" in capsys.readouterr().err and src.read_text().count("\n") == 2
+    nested = tmp_path / "new" / "folder" / "out.en"  # missing folders are made, as evaluate --json does
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(src), "--output", str(nested)]) == 0
+    assert nested.read_text(encoding="utf-8").count("\n") == 2
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--src", str(src), "--ref", str(src)]) == 2
+    assert "--split test and --src/--ref name two test sets" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(src), "--tokenize", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokenize 'foo': sacrebleu's BLEU tokenizers are" in err and "13a" in err
+
+
 def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, capsys):
     """A file is read --buffer-size lines at a time and each chunk's translations are on disk before the next chunk
     is read: at most one chunk is ever held, so a file of any size takes bounded memory (exact, not measured)."""
@@ -312,3 +349,16 @@ def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, cap
     assert all(written == read_before for read_before, written, _ in seen)  # every earlier line already written
     assert len(out.read_text(encoding="utf-8").split("\n")) == 1000 + 1
     assert "translate" in capsys.readouterr().err  # the progress bar (output is a file)
+
+
+def test_version_and_verbose_after_the_subcommand(tmp_path, capsys):
+    from transformer.checkpoint import CheckpointError
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("transformer 0.")
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo"]) == 2  # one line
+    with pytest.raises(CheckpointError):  # -v keeps the traceback, before or after the subcommand
+        main(["translate", "-v", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo"])
+    with pytest.raises(CheckpointError):
+        main(["-v", "translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo"])

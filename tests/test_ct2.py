@@ -73,6 +73,14 @@ def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_su
         assert abs(bleu_a - bleu_b) <= max_bleu_gap, (beam_size, bleu_a, bleu_b)
         if beam_size == 1:
             assert sum(x == y for x, y in zip(a, b)) >= 0.99 * len(src)
+    # n-best scores on our scale (log-probabilities summed, eos included, over the GNMT penalty in beam search):
+    # equal for the hypotheses both engines found (at α 2.0 this weak model's beam outputs differ between the two
+    # engines' length normalisations, README "Streaming input, and deploying with CTranslate2")
+    for beam_size, alpha in ((1, 0.0), (4, 0.6), (4, 1.0)):
+        a = ours.translate_n_best(src[:30], n_best=1, beam_size=beam_size, length_penalty=alpha)
+        b = theirs.translate_n_best(src[:30], n_best=1, beam_size=beam_size, length_penalty=alpha)
+        same = [(x[0][1], y[0][1]) for x, y in zip(a, b) if x[0][0] == y[0][0]]
+        assert len(same) >= 25 and all(abs(x - y) < 1e-4 for x, y in same), (beam_size, alpha, same)
 
 
 def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run, capsys):

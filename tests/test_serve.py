@@ -134,6 +134,10 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
     too_long = client.post("/attention", json={"text": "Hund " * (translator.model.config.max_positions + 5)})
     assert too_long.status_code == 422 and "max_positions" in too_long.json()["error"]
     assert client.post("/attention", json={"text": "Ein Hund.", "beam_size": 99}).json()["field"] == "beam_size"
+    no_type = client.post("/translate", content=b'{"text": ["Ein Hund."]}', headers={"content-type": "text/plain"})
+    assert no_type.status_code == 422 and "Content-Type: application/json" in no_type.json()["error"]
+    not_text = client.post("/translate", json={"text": 5}).json()
+    assert not_text["field"] == "text" and "a sentence (a string) or a list of sentences" in not_text["error"]
     assert client.post("/translate", json={"text": SENTENCES}).status_code == 200
 
 

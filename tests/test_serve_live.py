@@ -149,3 +149,19 @@ def test_load_8_clients_160_requests_no_errors_nothing_lost_or_reordered(server,
     assert figures["sentences"] == figures["sentences_sent"] > 160
     # batching works: requests average 2.5 sentences, the decoding calls under load took several requests each
     assert figures["mean_batch_sentences"] > 5, figures
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(trained_run, capsys, monkeypatch):
+    from transformer.cli import main
+    from transformer.serve import server as server_module
+
+    def not_loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded although the port is taken")
+
+    monkeypatch.setattr(server_module, "open_translator", not_loaded)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--port", str(port)]) == 2
+    assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err

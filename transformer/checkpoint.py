@@ -33,9 +33,17 @@ class CheckpointError(ValueError):
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     """Write `state` to `path` atomically: a temporary file in the same folder, fsync, then rename.
 
-    A process killed while saving leaves the previous file at `path` intact.
+    A process killed while saving leaves the previous file at `path` intact. A symbolic link is written through
+    (its target is replaced, the link stays).
+
+    Raises:
+        CheckpointError: `path` exists and is not a regular file (a folder, a device such as /dev/stdout, a pipe).
     """
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: exists and is not a regular file; a checkpoint is written to a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -61,13 +69,24 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             project, or holds pickled objects.
     """
     path = Path(path)
+    if path.is_dir():
+        kind = ("a CTranslate2 export (translate, evaluate and serve take it; this needs the .pt checkpoint it was "
+                "exported from)" if (path / "model.bin").is_file() else "a folder")
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint file: give a .pt file such as "
+                              "RUN/checkpoints/best.pt")
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip format; its older pickle format
+        raise CheckpointError(f"{path}: not a checkpoint (a .pt file written by `transformer train` or "
+                              "`transformer average`); its first bytes are not those of a PyTorch file")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: refused to load: the file holds pickled Python objects, which "
-                              f"could run code (only tensors and plain data are allowed). {str(err)[:200]}") from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: refused to load: besides tensors and plain data the file holds pickled "
+                              "Python objects, which could run code when loaded; it was not written by this "
+                              "project") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None

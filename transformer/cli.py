@@ -2,7 +2,7 @@
 
 Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
-anything else is a bug and keeps its traceback.
+anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits with status 130.
 """
 
 from __future__ import annotations
@@ -53,29 +53,36 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # -v also after the subcommand (transformer translate -v ...); SUPPRESS keeps the top-level value when absent
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
 
-    train = sub.add_parser("train", help="train a model from a YAML config")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[verbose])
+
+    train = command("train", help="train a model from a YAML config")
     train.add_argument("--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml")
     train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value, e.g. --set training.max_steps=200 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
 
-    prepare = sub.add_parser("prepare", help="build the tokenizer and the training token cache ahead of training")
+    prepare = command("prepare", help="build the tokenizer and the training token cache ahead of training")
     prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
     prepare.add_argument("--run-dir", help="run folder for the tokenizer (default: runs/<config name>)")
     prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value, as for train")
 
-    average = sub.add_parser("average", help="average the parameters of several checkpoints (§6.1)")
+    average = command("average", help="average the parameters of several checkpoints (§6.1)")
     inputs = average.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average")
     inputs.add_argument("--run-dir", help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run")
     average.add_argument("--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)")
     average.add_argument("--output", required=True, help="the averaged checkpoint (.pt)")
 
-    translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
+    translate = command("translate", help="translate sentences (arguments, --input FILE, or stdin)")
     translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt, or "
                            "a folder written by `transformer export` (decoded with CTranslate2)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
@@ -86,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "typed input is translated line by line")
     _add_decoding_flags(translate)
 
-    evaluate = sub.add_parser("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
+    evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
     evaluate.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument("--ref", nargs="+", metavar="REF",
@@ -99,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
     _add_decoding_flags(evaluate, n_best=False)  # BLEU scores the 1-best; n-best lists come from translate
 
-    export = sub.add_parser("export", help="convert a checkpoint for deployment (CTranslate2)")
+    export = command("export", help="convert a checkpoint for deployment (CTranslate2)")
     export.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
     export.add_argument("--format", default="ctranslate2", choices=["ctranslate2"])
     export.add_argument("--output", required=True, help="the model folder to write")
@@ -107,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight type (default float32)")
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
 
-    attention = sub.add_parser("attention", help="translate a sentence and plot (or dump) its attention weights")
+    attention = command("attention", help="translate a sentence and plot (or dump) its attention weights")
     attention.add_argument("--checkpoint", required=True)
     attention.add_argument("sentence", help="the source sentence")
     attention.add_argument("--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json")
@@ -118,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
     attention.add_argument("--device", default="cpu")
 
-    serve = sub.add_parser("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
+    serve = command("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
     serve.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder "
                        "(no /attention for the latter)")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
@@ -136,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long to collect concurrent requests into one batch (milliseconds, default 5)")
     serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{version('transformer-nmt')} (torch {__import__('torch').__version__})"
+    except PackageNotFoundError:
+        return "(not installed as a package)"
 
 
 def _decoding_kwargs(args: argparse.Namespace) -> dict:
@@ -185,7 +201,8 @@ def cmd_average(args: argparse.Namespace) -> int:
 
     paths = args.checkpoints or last_checkpoints(args.run_dir, args.last)
     averaged = average_to_file(paths, args.output)
-    print(f"wrote {args.output}: the average of {len(paths)} checkpoints ({', '.join(str(p) for p in paths)}); "
+    print(f"wrote {args.output}: the average of {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} "
+          f"({', '.join(str(p) for p in paths)}); "
           f"step {averaged['train_state'].get('step', '?')}")
     return 0
 
@@ -217,10 +234,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
+    if args.output and args.input and Path(args.output).exists() and Path(args.output).samefile(args.input):
+        raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     index = 0
     try:
@@ -248,6 +269,8 @@ def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str
     """Source lines, reference streams (one list of lines per reference file), target language, and a description
     of where they came from."""
     if args.split:
+        if args.src or args.ref:
+            raise ConfigError(f"evaluate: --split {args.split} and --src/--ref name two test sets; give one of them")
         config = override_config(config, args.set, sections=("data",), source=str(args.checkpoint))
         split = {"test": config.data.test_split, "valid": config.data.valid_split}.get(args.split, args.split)
         corpus = load_split(config.data, split)
@@ -267,8 +290,13 @@ def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .ct2 import open_translator
-    from .evaluate import corpus_scores
+    from .evaluate import check_bleu_tokenizer, corpus_scores
 
+    if args.tokenize:
+        try:
+            check_bleu_tokenizer(args.tokenize)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers)
     src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)
@@ -351,3 +379,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
+        if args.verbose:
+            raise
+        print(f"\n{args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -32,6 +32,7 @@ import torch
 from .checkpoint import load_for_inference
 from .config import Config, ConfigError, DecodingConfig, config_from_dict
 from .decoding import max_output_length
+from .decoding.beam import gnmt_length_penalty
 from .tokenizer import Tokenizer
 from .translate import check_workers, decoding_options
 
@@ -246,13 +247,26 @@ class CTranslate2Translator:
             out = self.model.translate_batch(
                 source, beam_size=o.beam_size, length_penalty=o.length_penalty if o.beam_size > 1 else 0.0,
                 num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,
-                return_scores=scores, max_batch_size=o.batch_size)
-            for i, cap, result in zip(chunk, caps, out):
-                hyp_scores = result.scores if scores else [float("nan")] * len(result.hypotheses)
-                # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
-                results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h[:cap]]), score)
-                              for h, score in zip(result.hypotheses, hyp_scores)]
+                return_scores=False, max_batch_size=o.batch_size)
+            # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
+            hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
+            hyp_scores = self._scores(source, hyps, o) if scores else [[float("nan")] * len(h) for h in hyps]
+            for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
+                results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h]), score)
+                              for h, score in zip(sentence_hyps, sentence_scores)]
         return results
+
+    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]], o: DecodingConfig) -> list[list[float]]:
+        """Our score of each hypothesis (as `Hypothesis.score`): the sum of its tokens' log-probabilities, eos
+        included, divided by the GNMT length penalty ((5 + |Y|) / 6)^α in beam search (`decoding/beam.py`).
+        CTranslate2's own scores divide by |Y|^α instead, so the tokens are scored again (`score_batch`)."""
+        pairs = [(src, h) for src, sentence_hyps in zip(source, hyps) for h in sentence_hyps]
+        scored = self.model.score_batch([src for src, _ in pairs], [h for _, h in pairs],
+                                        max_batch_size=o.batch_size)
+        flat = [sum(r.log_probs) / (gnmt_length_penalty(len(r.log_probs), o.length_penalty)
+                                    if o.beam_size > 1 else 1.0) for r in scored]
+        it = iter(flat)
+        return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
 
 def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,

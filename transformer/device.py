@@ -31,9 +31,11 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise DeviceError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"device {name!r} asked for, but CUDA is not available on this machine; use --device cpu")
+        raise DeviceError(f"device {name!r} asked for, but CUDA is not available on this machine; use "
+                          "--device cpu (train: --set training.device=cpu)")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError(f"device {name!r} asked for, but MPS is not available on this machine; use --device cpu")
+        raise DeviceError(f"device {name!r} asked for, but MPS is not available on this machine; use "
+                          "--device cpu (train: --set training.device=cpu)")
     return device
 
 

@@ -49,6 +49,13 @@ def bleu_tokenizer(tgt_lang: str) -> str:
     return name
 
 
+def check_bleu_tokenizer(name: str) -> None:
+    """Raise ValueError, listing sacrebleu's BLEU tokenizers, unless `name` is one (checked before any decoding)."""
+    names = list(getattr(sacrebleu.BLEU, "TOKENIZERS", []))
+    if names and name not in names:
+        raise ValueError(f"--tokenize {name!r}: sacrebleu's BLEU tokenizers are {', '.join(names)}")
+
+
 def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]], tgt_lang: str = "en",
                   tokenize: str | None = None) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses, as the sacrebleu command line scores them.

@@ -84,3 +84,17 @@ def test_falls_back_to_huggingface_when_the_folder_is_missing(tmp_path):
     (tmp_path / "t.csv").write_text("de,en\nHallo,Hello\n")
     data = DataConfig(path=str(tmp_path / "missing"), hf_dataset="csv", data_files={"train": str(tmp_path / "t.csv")})
     assert load_split(data, "train").tgt == ["Hello"]
+
+
+def test_an_unreachable_hub_is_one_clear_error_naming_the_missing_folder(tmp_path, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'bentrevett/multi30k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    data = DataConfig(path="../no/such/multi30k", hf_dataset="bentrevett/multi30k")
+    with pytest.raises(DataError, match=r"bentrevett/multi30k: cannot load split 'train' from the Hugging Face hub: "
+                                        r"Couldn't reach .* the local data.path \.\./no/such/multi30k \(here: /.*\) "
+                                        r"does not exist: set data.path"):
+        load_split(data, "train")

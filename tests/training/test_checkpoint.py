@@ -18,6 +18,20 @@ def test_round_trip_and_no_temp_files_left(tmp_path):
     assert os.listdir(path.parent) == ["last.pt"]
 
 
+def test_a_link_is_written_through_and_a_non_file_is_refused(tmp_path):
+    target = tmp_path / "real.pt"
+    save_checkpoint(STATE, target)
+    link = tmp_path / "link.pt"
+    link.symlink_to(target)
+    save_checkpoint({**STATE, "step": 6}, link)
+    assert link.is_symlink() and load_checkpoint(target)["step"] == 6
+    os.mkfifo(tmp_path / "pipe")  # like /dev/stdout: replacing it would break it for everyone
+    for path in (tmp_path / "pipe", tmp_path):
+        with pytest.raises(CheckpointError, match="exists and is not a regular file"):
+            save_checkpoint(STATE, path)
+    assert (tmp_path / "pipe").exists() and not (tmp_path / "pipe").is_file()
+
+
 def test_a_save_killed_midway_leaves_the_previous_file_intact(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint(STATE, path)
@@ -54,7 +68,7 @@ class Payload:
 def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({**STATE, "extra": Payload()}, path)
-    with pytest.raises(CheckpointError, match=r"evil\.pt: refused to load: the file holds pickled Python objects"):
+    with pytest.raises(CheckpointError, match=r"evil\.pt: refused to load: besides tensors .* pickled Python objects"):
         load_checkpoint(path)
     path.write_bytes(pickle.dumps({"model": 1, "config": 2}))  # a plain pickle, not a torch zip file
     with pytest.raises(CheckpointError, match=r"evil\.pt"):
@@ -64,6 +78,17 @@ def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
 def test_missing_and_foreign_files(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
+    for name, data in (("source.de", "Ein Hund läuft.\n".encode()), ("random.pt", bytes(range(7, 200)))):
+        (tmp_path / name).write_bytes(data)  # a text file or random bytes given as a checkpoint: said so, plainly
+        with pytest.raises(CheckpointError, match=rf"{name}: not a checkpoint \(a \.pt file") as err:
+            load_checkpoint(tmp_path / name)
+        assert "pickled" not in str(err.value)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(CheckpointError, match=r"run is a folder, not a checkpoint file: give a \.pt file"):
+        load_checkpoint(tmp_path / "run")
+    (tmp_path / "run" / "model.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"run is a CTranslate2 export .* not a checkpoint file"):
+        load_checkpoint(tmp_path / "run")
     torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path / "other.pt")

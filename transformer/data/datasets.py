@@ -198,6 +198,14 @@ class HuggingFaceSplit(SplitSource):
             raise DataError(f"{origin}: cannot load split {hf_split!r}: {err}") from None
         except FileNotFoundError as err:
             raise DataError(f"{origin}: not found ({err})") from None
+        except OSError as err:  # ConnectionError and the hub's other network failures
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            hint = ""
+            if data.path is not None:
+                hint = (f"; the local data.path {data.path} (here: {Path(data.path).resolve()}) does not exist: set "
+                        "data.path to the folder with the {split}.{lang}.gz files, e.g. --set data.path=DIR")
+            raise DataError(f"{origin}: cannot load split {hf_split!r} from the Hugging Face hub: {reason}{hint}"
+                            ) from None
         self.origin = f"{origin} [{hf_split}]"
         self._spec = {"dataset": data.hf_dataset, "config": data.hf_config, "split": hf_split,
                       "data_files": data.data_files and data.data_files.get(split)}
@@ -247,7 +255,8 @@ def open_split(data: DataConfig, split: str) -> SplitSource:
         return LocalSplit(Path(data.path), split, data)
     if data.hf_dataset is not None:
         if data.path is not None:
-            logger.info("data.path %s does not exist; loading %s from %s", data.path, split, data.hf_dataset)
+            logger.warning("data.path %s does not exist (here: %s); loading %s from the Hugging Face dataset %s",
+                           data.path, Path(data.path).resolve(), split, data.hf_dataset)
         return HuggingFaceSplit(split, data)
     raise DataError(f"data.path: folder {data.path} does not exist (and no data.hf_dataset is set)")
 

@@ -312,7 +312,8 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
                                   "(free disk space or set data.cache_dir, then start again)") from err
         raise
     logger.info("token cache: kept %d of %d pairs; dropped %d with an empty side and %d longer than "
-                "data.max_len=%d tokens; %d source + %d target tokens; %.1f MB on disk; built in %.0f s",
+                "data.max_len=%d tokens; %d source tokens (eos included) + %d target pieces stored; %.1f MB on disk; "
+                "built in %.0f s",
                 meta["n_pairs"], meta["n_read"], meta["dropped_empty"], meta["dropped_too_long"], max_len,
                 meta["src_tokens"], meta["tgt_tokens"], n_bytes / 1e6, meta["build_seconds"])
     return meta

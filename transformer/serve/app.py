@@ -239,13 +239,17 @@ def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
         return error(err.status, [(err.field, err.message)])
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = []
         for e in err.errors():
             if e["type"] == "json_invalid":
                 return error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
             field = _field(tuple(e["loc"]))
             message = "unknown option" if e["type"] == "extra_forbidden" else e["msg"]
+            if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
+                message += " (send the JSON object with the header Content-Type: application/json)"
+            elif field == "text" and e["type"] == "list_type":
+                message = "expected a sentence (a string) or a list of sentences"
             problems.append((field, message))
         return error(422, problems)
 

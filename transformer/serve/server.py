@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Optional
 
 import torch
 import uvicorn
 
+from ..config import ConfigError
 from ..ct2 import open_translator
 from .app import ServeLimits, create_app
 
@@ -30,12 +32,37 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
 
     Raises:
         CheckpointError, DeviceError: the model cannot be loaded.
+        ConfigError: the address cannot be listened on (port in use, host not an address of this machine), checked
+            before the model is loaded.
     """
-    if threads > 0:
-        torch.set_num_threads(threads)
-    translator = open_translator(checkpoint, device=device, quantization=quantization)
-    app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
-                     max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
-    print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
-          "GET /health)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+    listening = _listen(host, port)
+    try:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        translator = open_translator(checkpoint, device=device, quantization=quantization)
+        app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
+                         max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
+        print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
+              "GET /health)", file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log)
+        uvicorn.Server(config).run(sockets=[listening])
+    finally:
+        listening.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), for uvicorn to serve on; ConfigError, saying why, if that fails."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        listening = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise ConfigError(f"--host {host}: not an address to listen on ({err.strerror or err})") from None
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart without waiting
+        listening.bind(address)
+    except OSError as err:
+        listening.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err} (another server on that port? "
+                          "choose another --port)") from None
+    return listening

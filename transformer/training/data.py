@@ -98,8 +98,8 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
     if not dist.is_main:
         tokenizer = prepare_tokenizer(config, run_dir)
     train = get_token_cache(config.data, config.data.train_split, tokenizer, build=dist.local_rank == 0)
-    logger.info("train: %d pairs (%d source + %d target tokens)", len(train), int(train.src_lengths.sum()),
-                int(train.tgt_lengths.sum()))
+    logger.info("train: %d pairs (%d source + %d target tokens, eos included on both sides)", len(train),
+                int(train.src_lengths.sum()), int(train.tgt_lengths.sum()))
     return tokenizer, train, valid
 
 
