@@ -190,7 +190,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     _, train, valid = prepare_data(config, run_dir)
-    print(f"prepared {run_dir}: tokenizer {run_dir}, {len(train)} training pairs in the token cache, "
+    models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
+    print(f"prepared {run_dir}: tokenizer {models}, {len(train)} training pairs in the token cache, "
           f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
           "--set finds both")
     return 0

@@ -99,7 +99,7 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
                     save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state)
                 raise TrainingInterrupted(
                     f"{stop.signal_name or 'another process was stopped'}: stopped at step {state.step}; saved "
-                    f"{checkpoint_path(run.run_dir)}. Resume with the same command plus --resume")
+                    f"{checkpoint_path(run.run_dir)}. Resume with the same command and --resume (make train RESUME=1)")
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
