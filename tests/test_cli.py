@@ -362,3 +362,11 @@ def test_version_and_verbose_after_the_subcommand(tmp_path, capsys):
         main(["translate", "-v", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo"])
     with pytest.raises(CheckpointError):
         main(["-v", "translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo"])
+
+
+def test_bad_decoding_flags_are_named_as_typed(trained_run, capsys):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    assert main(["translate", "--checkpoint", ckpt, "--n-best", "5", "--beam-size", "2", "Hallo"]) == 2
+    assert capsys.readouterr().err.startswith("error: --n-best: must be between 1 and beam_size=2, got 5")
+    assert main(["translate", "--checkpoint", ckpt, "--min-len", "-1", "Hallo"]) == 2
+    assert capsys.readouterr().err.startswith("error: --min-len: must be >= 0")

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -378,7 +379,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        message = str(err)
+        if args.command in ("translate", "evaluate", "attention"):  # name the flag the user typed, not the key
+            message = re.sub(r"^decoding\.(\w+):", lambda m: f"--{m.group(1).replace('_', '-')}:", message)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
         if args.verbose:
