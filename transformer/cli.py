@@ -149,8 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    import torch
+
     try:
-        return f"{version('transformer-nmt')} (torch {__import__('torch').__version__})"
+        return f"{version('transformer-nmt')} (torch {torch.__version__})"
     except PackageNotFoundError:
         return "(not installed as a package)"
 
@@ -236,7 +238,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
-    if args.output and args.input and Path(args.output).exists() and Path(args.output).samefile(args.input):
+    if (args.output and args.input and Path(args.output).exists() and Path(args.input).exists()
+            and Path(args.output).samefile(args.input)):
         raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers)

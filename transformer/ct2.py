@@ -163,7 +163,11 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: str | Path, quantizat
         if output_dir.exists():  # an earlier export or an empty folder (checked above): out of the way, then gone
             retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
             output_dir.rename(retired / output_dir.name)
-            staging.rename(output_dir)
+            try:
+                staging.rename(output_dir)
+            except BaseException:
+                (retired / output_dir.name).rename(output_dir)  # the earlier export back in its place
+                raise
             shutil.rmtree(retired)
         else:
             staging.rename(output_dir)
