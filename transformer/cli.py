@@ -157,9 +157,20 @@ def _version() -> str:
         return "(not installed as a package)"
 
 
+DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len")
+"""The `decoding` keys that translate and evaluate take as flags (--beam-size, ...); translate also --n-best."""
+
+
 def _decoding_kwargs(args: argparse.Namespace) -> dict:
-    return dict(beam_size=args.beam_size, length_penalty=args.length_penalty, batch_size=args.batch_size,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len)
+    return {key: getattr(args, key) for key in DECODING_FLAGS}
+
+
+def _as_typed(message: str) -> str:
+    """A decoding option's error names the flag the user typed (--n-best), not the config key (decoding.n_best)."""
+    match = re.match(r"decoding\.(\w+):", message)
+    if match and match.group(1) in (*DECODING_FLAGS, "n_best"):
+        return f"--{match.group(1).replace('_', '-')}:{message[match.end():]}"
+    return message
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -382,9 +393,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
-        message = str(err)
-        if args.command in ("translate", "evaluate", "attention"):  # name the flag the user typed, not the key
-            message = re.sub(r"^decoding\.(\w+):", lambda m: f"--{m.group(1).replace('_', '-')}:", message)
+        message = _as_typed(str(err)) if args.command in ("translate", "evaluate", "attention") else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
