@@ -4,7 +4,7 @@ side with CTranslate2.
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
-        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--repeat N] [--workers N] [--system-malloc] [--profile N]
+        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N] [--system-malloc] [--profile N]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--ctranslate2", action="append", default=[], metavar="DIR",
                         help="also decode with this exported CTranslate2 model (repeatable, e.g. float32 and int8)")
     parser.add_argument("--int8", action="store_true", help="also decode with our int8-quantized model")
+    parser.add_argument("--compile", action="store_true",
+                        help="also decode with our decoding step compiled by torch.compile (compiled before timing)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds over every engine and setting; the summary keeps each setting's fastest")
     parser.add_argument("--workers", type=int, default=1,
@@ -130,9 +132,18 @@ def main() -> None:
     if args.int8:
         ours.append(("ours int8", Translator.from_checkpoint(args.checkpoint, device="cpu", quantization="int8",
                                                              workers=args.workers)))
-    for _, decoder in ours:
-        decoder.decode_ids(src_ids[:16], decoder.config.decoding)  # warm-up
     settings = [(mode, int(b)) for mode in args.modes.split(",") for b in args.batch_sizes.split(",")]
+    if args.compile:
+        ours.append(("ours compiled", Translator.from_checkpoint(args.checkpoint, device="cpu", compile=True,
+                                                                 workers=args.workers)))
+    for engine, decoder in ours:
+        decoder.decode_ids(src_ids[:16], decoder.config.decoding)  # warm-up
+        if engine == "ours compiled":  # compiles on first use (greedy and beam search alike); not timed
+            start = time.perf_counter()
+            for mode, batch_size in settings:
+                decoder.decode_ids(src_ids[:2 * batch_size], mode_options(decoder.config.decoding, mode, batch_size))
+            print(json.dumps({"engine": engine, "compile_and_warm_up_seconds": round(time.perf_counter() - start, 1)}),
+                  flush=True)
     results = []
     # Rounds: every engine once per round, so that a machine whose speed drifts (shared hosts) affects all alike;
     # the summary keeps each setting's fastest round. CTranslate2 first in a round, after a pause: torch's OpenMP

@@ -274,19 +274,24 @@ class CTranslate2Translator:
 
 
 def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,
-                    workers: int = 1) -> Any:
+                    workers: int = 1, compile: bool = False) -> Any:
     """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
 
     Raises:
-        ConfigError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`).
+        ConfigError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`), or
+            compile (ours only).
     """
     if is_ctranslate2_dir(checkpoint):
+        if compile:
+            raise ConfigError(f"--compile compiles our own decoder; {checkpoint} is a CTranslate2 folder, which "
+                              "decodes with CTranslate2's")
         if quantization:
             raise ConfigError(f"--quantization {quantization}: {checkpoint} is a CTranslate2 folder, whose weight type "
                               "is chosen when exporting (transformer export --quantization ...)")
         return CTranslate2Translator(checkpoint, device=device, workers=workers)
     from .translate import Translator
-    return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, workers=workers)
+    return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, workers=workers,
+                                      compile=compile)
 
 
 __all__ = ["CTranslate2Translator", "ExportError", "export_ctranslate2", "is_ctranslate2_dir", "open_translator"]

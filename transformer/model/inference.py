@@ -84,6 +84,8 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        # The plain weight too (not a buffer; tied: the embedding's own tensor), for `CompiledDecoding`.
+        self.original_weight = linear.weight.detach()
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     @staticmethod
