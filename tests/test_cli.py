@@ -370,3 +370,21 @@ def test_bad_decoding_flags_are_named_as_typed(trained_run, capsys):
     assert capsys.readouterr().err.startswith("error: --n-best: must be between 1 and beam_size=2, got 5")
     assert main(["translate", "--checkpoint", ckpt, "--min-len", "-1", "Hallo"]) == 2
     assert capsys.readouterr().err.startswith("error: --min-len: must be >= 0")
+
+
+def test_compile_flag_reaches_the_translator_and_its_refusals(trained_run, tmp_path, capsys):
+    """--compile is passed on (the compiled step's own tests are in tests/model/test_compiled.py); what it cannot
+    combine with is refused in one line before any work."""
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(src), "--compile", "--workers", "2"]) == 2
+    assert "--compile decodes with one worker" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--compile", "--quantization", "int8"]) == 2
+    assert "--compile works on float32 models" in capsys.readouterr().err
+    fake_ct2 = tmp_path / "ct2"
+    fake_ct2.mkdir()
+    (fake_ct2 / "model.bin").write_bytes(b"")
+    (fake_ct2 / "transformer_nmt.json").write_text("{}")
+    assert main(["translate", "--checkpoint", str(fake_ct2), "--input", str(src), "--compile"]) == 2
+    assert "--compile compiles our own decoder" in capsys.readouterr().err
