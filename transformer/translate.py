@@ -67,13 +67,13 @@ class Translator:
             Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
             (README: greedy 1.3-1.4x, beam 5 about 1.1x); the outputs are the same.
         compile: run the decoder's incremental step compiled by torch.compile (`model.compiled`): faster per
-            step once compiled, at a one-time cost of about 20-40 s at the first batch (and when the batch size
-            first changes); the same tokens. Not with int8 or workers > 1.
+            step once compiled (README: 1.05-1.17x), at a one-time cost of about 20-40 s at the first batch of
+            greedy and of beam search; the same tokens. CPU only; not with int8 or workers > 1.
 
     Raises:
         ConfigError: an unknown quantization, int8 on a device other than the CPU, or int8 unavailable in this
-            PyTorch build; workers < 1, or workers > 1 on a device other than the CPU; compile with int8 or with
-            workers > 1.
+            PyTorch build; workers < 1, or workers > 1 on a device other than the CPU; compile with int8, with
+            workers > 1 or on a device other than the CPU.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
@@ -96,6 +96,8 @@ class Translator:
         self.quantization = quantization
         if compile and quantization:
             raise ConfigError(f"--compile works on float32 models, not with --quantization {quantization}")
+        if compile and self.device.type != "cpu":
+            raise ConfigError(f"--compile decodes on the CPU only (not tested on {self.device}); leave it out there")
         if compile and workers > 1:  # compiled kernels keep the thread count they were compiled for
             raise ConfigError(f"--compile decodes with one worker (on every thread), not --workers {workers}")
         # What the searches decode with on the cache: the model, or its compiled incremental step.

@@ -14,9 +14,12 @@ The buffers double when full, and `select` reorders rows as beam search and fini
 Encoder-decoder attention reads keys and values projected from the memory once (eagerly), with the padding as
 an additive bias; g consecutive rows share a memory row (the beams of one sentence, as in `MultiHeadAttention`).
 
-Cost: the first call compiles (about 20-40 s on 2 CPU cores, once per process and search: greedy and beam
-search shapes differ; Inductor caches its output on disk, so a later process compiles faster), and once more
-when the batch size first changes; it needs a C++ compiler, as Inductor does on the CPU. Speed: README,
+Compiled once per process for greedy search and once for beam search (about 20-40 s each on 2 CPU cores; Inductor
+caches its output on disk, so a later process compiles faster); the sizes that change between calls (rows,
+capacity, source length) are marked dynamic, so no size compiles again. PyTorch would still compile a batch of one
+row apart (it specializes sizes 0 and 1), so a single memory row is held twice in the buffers
+(`StaticDecoderCache.mirrored`) and greedy's one row per sentence and beam search's several get separate compiled
+functions. It needs a C++ compiler, as Inductor does on the CPU; tested on the CPU only. Speed: README,
 "Decoding speed". Outputs: the same arithmetic in another order, so logits agree to float rounding and the
 tokens are the eager decoder's (tests compare both).
 """
