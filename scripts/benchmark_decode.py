@@ -4,14 +4,17 @@ side with CTranslate2.
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
-        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N] [--system-malloc] [--profile N]
+        [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N]
+        [--system-malloc] [--profile N]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
 whatever their models say. With --ctranslate2 DIR (a folder from `transformer export`), the same modes run through
 `ctranslate2.Translator.translate_batch` on the same source pieces with the same threads, and the summary gives our
 speed over CTranslate2's per mode and batch size. With --int8 our decoder also runs with int8 dynamically quantized
-linear layers (`Translator(..., quantization="int8")`, engine "ours int8"), compared the same way.
+linear layers (`Translator(..., quantization="int8")`, engine "ours int8"), and with --compile with the decoding
+step compiled by torch.compile (`Translator(..., compile=True)`, engine "ours compiled", compiled before the timed
+rounds), compared the same way.
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:

@@ -160,7 +160,8 @@ class _DecoderStep(nn.Module):
             x = _residual(x, layer.self_attn.out_proj(h), layer.norm1, self.norm_first)
             h = layer.norm2(x) if self.norm_first else x
             q = layer.cross_attn._project_q(h).view(memory_rows, group, n_heads, d_head).transpose(1, 2)
-            scores = q @ cross_keys[i].transpose(-1, -2) * scale + cross_bias[:, None, None, :]  # (memory_rows, n_heads, group, src_len)
+            # (memory_rows, n_heads, group, src_len)
+            scores = q @ cross_keys[i].transpose(-1, -2) * scale + cross_bias[:, None, None, :]
             h = (scores.softmax(-1) @ cross_values[i]).transpose(1, 2).reshape(rows, d_model)
             x = _residual(x, layer.cross_attn.out_proj(h), layer.norm2, self.norm_first)
             h = layer.feed_forward(layer.norm3(x) if self.norm_first else x)
