@@ -51,7 +51,8 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
                             "decodes a file faster, see README)")
     group.add_argument("--compile", action="store_true",
                        help="decode with the decoder step compiled by torch.compile: faster per sentence after a "
-                            "one-time compile of 20-60 s (worth it for long files; needs a C++ compiler, see README)")
+                            "one-time compile of 20-60 s (CPU; worth it for long files; needs a C++ compiler; see "
+                            "README)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,6 @@ import math
 from typing import Optional
 
 import torch
-import torch._inductor.config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -201,6 +200,9 @@ class CompiledDecoding:
             raise ValueError("CompiledDecoding: put the model in eval mode first")
         if not any(type(m) is nn.Linear for m in model.decoder.modules()):
             raise ValueError("--compile works on float32 (or float16/bfloat16) models, not with --quantization int8")
+        import torch._inductor.config  # here, not at the top: it takes seconds, which every CLI start would pay
+
+        self._inductor_config = torch._inductor.config
         self.model = model
         self.config = model.config
         self._steps = [torch.compile(step(model).eval()) for step in (_DecoderStep, _GroupedDecoderStep)]
@@ -245,7 +247,7 @@ class CompiledDecoding:
         _mark_dynamic(tokens)
         inputs = (tokens, position, cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values,
                   cache.cross_bias)
-        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True):  # read when it compiles (lazily)
+        with self._inductor_config.patch(freezing=True, cpp_wrapper=True):  # read when it compiles (lazily)
             logits = self._steps[tokens.size(0) > cache.cross_bias.size(0)](*inputs)
         cache.length += 1
         return logits[:rows, None]
