@@ -83,6 +83,12 @@ class Translator:
         check_workers(workers)
         if workers > 1 and self.device.type != "cpu":
             raise ConfigError(f"--workers {workers} decodes on the CPU only, not on {self.device}")
+        if compile and quantization:
+            raise ConfigError(f"--compile works on float32 models, not with --quantization {quantization}")
+        if compile and self.device.type != "cpu":
+            raise ConfigError(f"--compile decodes on the CPU only (not tested on {self.device}); leave it out there")
+        if compile and workers > 1:  # compiled kernels keep the thread count they were compiled for
+            raise ConfigError(f"--compile decodes with one worker (on every thread), not --workers {workers}")
         self.workers = workers
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()  # of the trained model (int8 layers hold no Parameters)
@@ -94,12 +100,6 @@ class Translator:
             except ValueError as err:  # an unknown quantization, or int8 unavailable in this PyTorch build
                 raise ConfigError(str(err)) from err
         self.quantization = quantization
-        if compile and quantization:
-            raise ConfigError(f"--compile works on float32 models, not with --quantization {quantization}")
-        if compile and self.device.type != "cpu":
-            raise ConfigError(f"--compile decodes on the CPU only (not tested on {self.device}); leave it out there")
-        if compile and workers > 1:  # compiled kernels keep the thread count they were compiled for
-            raise ConfigError(f"--compile decodes with one worker (on every thread), not --workers {workers}")
         # What the searches decode with on the cache: the model, or its compiled incremental step.
         self._search_model = CompiledDecoding(self.model) if compile else self.model
         self.compile = compile

@@ -98,9 +98,9 @@ def test_refuses_what_it_cannot_compile():
     model = tiny_model()
     with pytest.raises(ValueError, match="eval mode"):
         CompiledDecoding(model.train())
+    compiled = CompiledDecoding(model.eval())
+    src, mask = _src([3])
     with pytest.raises(ValueError, match="one new position"):
-        compiled = CompiledDecoding(model.eval())
-        src, mask = _src([3])
         compiled.decode(torch.full((1, 2), BOS_ID), model.encode(src, mask), mask, cache=compiled.new_cache())
 
 
