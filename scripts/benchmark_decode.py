@@ -5,7 +5,7 @@ Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
         [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N]
-        [--system-malloc] [--profile N]
+        [--interleave] [--system-malloc] [--profile N]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
@@ -27,9 +27,15 @@ without a log-softmax; beam search needs the log-probabilities either way.
 Like `transformer translate`, it first calls `transformer.device.reuse_freed_memory` (glibc keeps freed memory
 for reuse instead of re-faulting its pages); --system-malloc skips that, to measure what it changes.
 A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed, the cache speed-up of
-each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round).
+each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round; with
+--interleave also each round's ratio, both engines timed in that round).
 With --workers N (default 1) both engines decode N batches at once, each on threads / N threads: ours through
 `Translator(..., workers=N)`, CTranslate2 with inter_threads=N and intra_threads=threads / N.
+With --interleave the engines take turns batch by batch instead of file by file: the sentences, sorted longest
+first, are cut into slices of batch_size x workers, every engine decodes each slice in turn (after a 50 ms pause),
+and each engine's seconds are summed over the slices. On a shared host whose speed drifts by +-20% within minutes,
+whole-file turns give ratios that move by +-0.1 between runs; turns of a fraction of a second put both engines
+under the same conditions (ratios within about +-0.03 between runs, measured).
 With --profile N, our float32 decoder then runs each setting once more under torch.profiler (CPU activities) and
 the N operators with the most self CPU time are printed per setting, with the wall time of the profiled run and
 the share of it that no operator accounts for (Python and dispatch between operators): where the time goes.
@@ -42,6 +48,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -72,7 +79,8 @@ def run(translator: Translator, src_ids: list, mode: str, use_cache: bool, batch
     n_tokens = sum(len(h[0].tokens) + h[0].finished for h in hyps)
     return {"engine": engine, "mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(src_ids) / seconds, 1),
-            "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads()}
+            "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
+            "seconds_exact": seconds, "tokens": n_tokens}
 
 
 def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mode: str, batch_size: int) -> dict:
@@ -88,7 +96,37 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
     n_tokens = sum(len(r.hypotheses[0]) for r in out)
     return {"engine": name, "mode": mode, "cache": True, "batch_size": batch_size, "sentences": len(pieces),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(pieces) / seconds, 1),
-            "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads()}
+            "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
+            "seconds_exact": seconds, "tokens": n_tokens}
+
+
+def interleaved(ctranslate2_models: list, ours: list, pieces: Optional[list], src_ids: list,
+                decoding: DecodingConfig, mode: str, slice_size: int, batch_size: int) -> list[dict]:
+    """One --interleave round of a setting: every engine decodes each slice of slice_size sentences (longest
+    first) in turn; per engine, the `run` fields with seconds and tokens summed over the slices (cached only)."""
+    order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))
+    totals: dict[str, dict] = {}
+    for start in range(0, len(order), slice_size):
+        part = order[start:start + slice_size]
+        for name, engine in [*ctranslate2_models, *ours]:
+            time.sleep(0.05)  # let the other engine's OpenMP threads stop spinning (see the rounds' comment in main)
+            if name.startswith("ctranslate2"):
+                result = run_ctranslate2(engine, name, [pieces[i] for i in part], decoding, mode, batch_size)
+            else:
+                result = run(engine, [src_ids[i] for i in part], mode, True, batch_size, name)
+            total = totals.setdefault(name, {**result, "seconds": 0.0, "tokens": 0, "sentences": 0})
+            total["seconds"] += result["seconds_exact"]
+            total["tokens"] += result["tokens"]
+            total["sentences"] += len(part)
+    return [public({**total, "seconds": round(total["seconds"], 2),
+                    "sentences_per_s": round(total["sentences"] / total["seconds"], 1),
+                    "tgt_tokens_per_s": round(total["tokens"] / total["seconds"], 1), "interleaved": True})
+            for total in totals.values()]
+
+
+def public(result: dict) -> dict:
+    """A result without the unrounded fields `interleaved` sums."""
+    return {k: v for k, v in result.items() if k not in ("seconds_exact", "tokens")}
 
 
 def main() -> None:
@@ -108,6 +146,8 @@ def main() -> None:
                         help="rounds over every engine and setting; the summary keeps each setting's fastest")
     parser.add_argument("--workers", type=int, default=1,
                         help="batches decoded at once by each engine, each on threads / workers threads")
+    parser.add_argument("--interleave", action="store_true",
+                        help="engines take turns batch by batch (steadier ratios on a shared host)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile our float32 decoder once per setting and print its N costliest operators")
     parser.add_argument("--system-malloc", action="store_true",
@@ -154,15 +194,22 @@ def main() -> None:
     # its greedy speed fell 3-6x when run right after ours).
     for round_index in range(args.repeat):
         time.sleep(1.0)
+        if args.interleave:
+            for mode, batch_size in settings:
+                for result in interleaved(ctranslate2_models, ours, pieces if ctranslate2_models else None, src_ids,
+                                          translator.config.decoding, mode, batch_size * args.workers, batch_size):
+                    results.append({**result, "round": round_index})
+                    print(json.dumps(results[-1]), flush=True)
+            continue
         for name, model in ctranslate2_models:
             for mode, batch_size in settings:
-                result = run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size)
+                result = public(run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size))
                 results.append({**result, "round": round_index})
                 print(json.dumps(results[-1]), flush=True)
         for engine, decoder in ours:
             for mode, batch_size in settings:
                 for use_cache in ((True,) if args.no_uncached or engine != "ours" else (True, False)):
-                    result = run(decoder, src_ids, mode, use_cache, batch_size, engine)
+                    result = public(run(decoder, src_ids, mode, use_cache, batch_size, engine))
                     results.append({**result, "round": round_index})
                     print(json.dumps(results[-1]), flush=True)
     best: dict[tuple, dict] = {}
@@ -182,6 +229,16 @@ def main() -> None:
             speedups[f"{mode}_batch{batch_size}"] = round(r["seconds"] / cached["seconds"], 2)
     summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "cache_speedup": speedups,
                "speed_ours_over_ctranslate2": ratios}
+    if args.interleave:  # both engines of a ratio measured in the same round: each round's ratio
+        per_round: dict[str, list] = {}
+        for r in results:
+            if r["engine"].startswith("ctranslate2"):
+                for mine, _ in ours:
+                    same = next(o for o in results if o["engine"] == mine and o["round"] == r["round"]
+                                and o["mode"] == r["mode"] and o["batch_size"] == r["batch_size"])
+                    key = f"{mine.replace(' ', '_')}_over_{r['engine'].split()[-1]}_{r['mode']}_batch{r['batch_size']}"
+                    per_round.setdefault(key, []).append(round(r["seconds"] / same["seconds"], 2))
+        summary["speed_ours_over_ctranslate2_per_round"] = per_round
     print(json.dumps({"summary": summary}))
     for mode, batch_size in settings if args.profile else []:
         options = mode_options(translator.config.decoding, mode, batch_size)

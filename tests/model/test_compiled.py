@@ -60,7 +60,39 @@ def test_step_logits_equal_eager_through_growth_reorders_and_one_sentence(pair):
         got = compiled.decode(tokens, memory, mask, cache=static_cache)
         assert got.shape == expected.shape == (rows, 1, VOCAB)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=f"step {step}")
-    assert static_cache.self_keys[0].size(2) == 2 * CompiledDecoding.INITIAL_CAPACITY
+    assert static_cache.capacity == 2 * CompiledDecoding.INITIAL_CAPACITY
+
+
+@torch.no_grad()
+def test_positions_not_decoded_yet_are_never_read_from_uninitialized_memory(pair, monkeypatch):
+    """The step reads at least two positions, the second not decoded at the first two steps (masked: zeros there,
+    since NaN + -inf is NaN). Every buffer comes from `new_empty` filled with NaN here, as freed memory can be:
+    after the first step, a reorder at one decoded position, and growth (capacity 2, then 4 and 8)."""
+    model, compiled = pair
+    monkeypatch.setattr(CompiledDecoding, "INITIAL_CAPACITY", 2)
+    new_empty = torch.Tensor.new_empty
+
+    def nan_filled(self, *args, **kwargs):  # PyTorch's own calls while it compiles are left alone
+        empty = new_empty(self, *args, **kwargs)
+        return empty if torch.compiler.is_compiling() else empty.fill_(float("nan"))
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)
+    src, mask = _src([5, 3, 4])
+    memory = model.encode(src, mask)
+    eager_cache, static_cache = model.new_cache(), compiled.new_cache()
+    g = torch.Generator().manual_seed(2)
+    for step in range(6):
+        if step == 1:
+            index = torch.tensor([2, 0, 0])
+            eager_cache.select(index, index)
+            static_cache.select(index, index)
+            memory, mask = memory[index], mask[index]
+        tokens = torch.full((3, 1), BOS_ID) if step == 0 else torch.randint(3, VOCAB, (3, 1), generator=g)
+        expected = model.decode(tokens, memory, mask, cache=eager_cache)
+        got = compiled.decode(tokens, memory, mask, cache=static_cache)
+        assert torch.isfinite(got).all(), f"step {step}"
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+    assert static_cache.capacity == 8
 
 
 @torch.no_grad()

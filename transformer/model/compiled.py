@@ -7,17 +7,21 @@ into C++: the small operators between the matrix products (bias, softmax, residu
 a few loops, the weights are frozen into the compiled code in the layout its kernels prefer (`freezing`), and the
 step is called from C++ rather than Python (`cpp_wrapper`).
 
-How the fixed buffers stand in for a growing cache: self-attention writes the new position's key and value at
-index `position` of a `(rows, n_heads, capacity, d_head)` buffer and attends over the whole capacity with -inf
-added at the positions not yet decoded (exp(-inf) = 0: the same weights as over the filled positions only).
-The buffers double when full, and `select` reorders rows as beam search and finished sentences need.
-Encoder-decoder attention reads keys and values projected from the memory once (eagerly), with the padding as
-an additive bias; g consecutive rows share a memory row (the beams of one sentence, as in `MultiHeadAttention`).
+How the buffers stand in for a growing cache: every layer's self-attention keys and values live in one
+`(capacity, 2 * n_layers, rows, n_heads, d_head)` tensor, positions first, so that the decoded prefix
+`[:length]` is a contiguous tensor the step takes as input and reads whole — the decoded positions only, not the
+capacity. The step is a pure function: it returns the new position's keys and values, which the caller stores
+at index `length` (written inside the compiled code, a slice of the buffer was copied whole at every step). The
+buffer doubles when full, and `select` reorders rows (copying the decoded positions only) as beam search and
+finished sentences need. Encoder-decoder attention reads keys and values projected from the memory once
+(eagerly), with the padding as an additive bias; g consecutive rows share a memory row (the beams of one
+sentence, as in `MultiHeadAttention`).
 
 Compiled once per process for greedy search and once for beam search (about 20-40 s each on 2 CPU cores; Inductor
 caches its output on disk, so a later process compiles faster); the sizes that change between calls (rows,
-capacity, source length) are marked dynamic, so no size compiles again. PyTorch would still compile a batch of one
-row apart (it specializes sizes 0 and 1), so a single memory row is held twice in the buffers
+decoded positions, source length) are marked dynamic, so no size compiles again. PyTorch would still compile a
+size of one apart (it specializes sizes 0 and 1): the step reads at least two positions (`prefix`), and a single
+memory row is held twice in the buffers
 (`StaticDecoderCache.mirrored`) and greedy's one row per sentence and beam search's several get separate compiled
 functions. It needs a C++ compiler, as Inductor does on the CPU; tested on the CPU only. Speed: README,
 "Decoding speed". Outputs: the same arithmetic in another order, so logits agree to float rounding and the
@@ -37,31 +41,31 @@ from .layers import _residual
 from .transformer import Transformer
 
 
-def _mark_dynamic(*tensors: Tensor) -> None:
-    """Tell torch.compile which sizes change between calls — rows (dim 0) and capacity or source length (the last
-    dim but one of a buffer, the last of the padding bias; tokens have rows only) — so that it compiles one step for
-    all of them instead of one per size. Marked where the tensors are made (about 10 us a tensor)."""
-    for tensor in tensors:  # tokens (rows,); bias (rows, src_len); buffers (rows, n_heads, capacity | src_len, d_head)
-        torch._dynamo.mark_dynamic(tensor, {1: [0], 2: [0, 1], 4: [0, 2]}[tensor.dim()])
+def _mark_dynamic(tensor: Tensor, *dims: int) -> None:
+    """Tell torch.compile that these sizes of `tensor` change between calls (rows, decoded positions, source
+    length), so that it compiles one step for all of them instead of one per size. Marked where the tensors are
+    made (about 10 us a tensor)."""
+    torch._dynamo.mark_dynamic(tensor, list(dims))
 
 
 class StaticDecoderCache:
     """Key/value buffers for `CompiledDecoding.decode`; made by its `new_cache`, filled at the first step.
 
+    One tensor for every layer's self-attention keys and values, positions first, so that the decoded prefix
+    `self_kv[:length]` is a contiguous tensor of its own: the step reads those positions only, not the capacity.
+
     Attributes:
-        self_keys, self_values: per decoder layer, `(rows, n_heads, capacity, d_head)`; positions < `length` hold
-            the decoded prefix.
-        cross_keys, cross_values: per decoder layer, `(memory_rows, n_heads, src_len, d_head)`, the memory's
-            keys and values.
+        self_kv: `(capacity, 2 * n_layers, rows, n_heads, d_head)`; `[:, 2 * i]` layer i's keys, `[:, 2 * i + 1]`
+            its values; positions < `length` hold the decoded prefix, the others are not read.
+        cross_kv: `(2 * n_layers, memory_rows, n_heads, src_len, d_head)`, the memory's keys and values, laid out
+            as `self_kv`'s second dimension.
         cross_bias: `(memory_rows, src_len)`: 0 at source tokens, -inf at padding.
         length: positions decoded so far (the next position's index).
     """
 
     def __init__(self) -> None:
-        self.self_keys: list[Tensor] = []
-        self.self_values: list[Tensor] = []
-        self.cross_keys: list[Tensor] = []
-        self.cross_values: list[Tensor] = []
+        self.self_kv: Optional[Tensor] = None
+        self.cross_kv: Optional[Tensor] = None
         self.cross_bias: Optional[Tensor] = None
         self.length = 0
         self.memory_rows = 0
@@ -69,36 +73,53 @@ class StaticDecoderCache:
         # rows: the step is compiled once for batches of two rows or more, and a batch of one would compile again.
         self.mirrored = False
 
+    @property
+    def capacity(self) -> int:
+        """Positions the self-attention buffer holds before it must grow."""
+        return 0 if self.self_kv is None else self.self_kv.size(0)
+
     def select(self, index: Tensor, cross_index: Optional[Tensor] = None) -> None:
         """Keep, reorder or repeat rows, as `DecoderCache.select`: self-attention row i becomes old row
-        `index[i]`, and the memory's rows follow `cross_index` (None: unchanged)."""
+        `index[i]`, and the memory's rows follow `cross_index` (None: unchanged). Copies the decoded positions
+        only."""
         if cross_index is not None:
             self.memory_rows = cross_index.numel()
         self.mirrored = self.memory_rows == 1
         if self.mirrored:  # the old rows are the first ones of a mirrored buffer too
             index = index.repeat(2)
             cross_index = None if cross_index is None else cross_index.repeat(2)
-        self.self_keys = [k.index_select(0, index) for k in self.self_keys]
-        self.self_values = [v.index_select(0, index) for v in self.self_values]
-        if cross_index is not None and self.cross_bias is not None:
-            self.cross_keys = [k.index_select(0, cross_index) for k in self.cross_keys]
-            self.cross_values = [v.index_select(0, cross_index) for v in self.cross_values]
-            self.cross_bias = self.cross_bias.index_select(0, cross_index)
-        self._mark()
-
-    def _mark(self) -> None:
-        if self.cross_bias is None:  # not filled yet
+        if self.self_kv is None:  # not filled yet
             return
-        _mark_dynamic(*self.self_keys, *self.self_values, *self.cross_keys, *self.cross_values, self.cross_bias)
+        old = self.self_kv
+        self.self_kv = old.new_empty(old.size(0), old.size(1), index.numel(), *old.shape[3:])
+        torch.index_select(old[:self.length], 2, index, out=self.self_kv[:self.length])
+        self._zero_unwritten()
+        if cross_index is not None:
+            self.cross_kv = self.cross_kv.index_select(1, cross_index)
+            self.cross_bias = self.cross_bias.index_select(0, cross_index)
+            self._mark_cross()
+
+    def _mark_cross(self) -> None:
+        _mark_dynamic(self.cross_kv, 1, 3)  # memory rows, source length
+        _mark_dynamic(self.cross_bias, 0, 1)
 
     def _grow(self, capacity: int) -> None:
-        def grown(buffer: Tensor) -> Tensor:
-            new = buffer.new_zeros(*buffer.shape[:2], capacity, buffer.size(3))
-            new[:, :, :buffer.size(2)] = buffer
-            return new
-        self.self_keys = [grown(k) for k in self.self_keys]
-        self.self_values = [grown(v) for v in self.self_values]
-        self._mark()
+        old = self.self_kv
+        self.self_kv = old.new_empty(capacity, *old.shape[1:])
+        self.self_kv[:self.length] = old[:self.length]
+        self._zero_unwritten()
+
+    def _zero_unwritten(self) -> None:
+        """Zeros at the positions `prefix` reads before they are decoded (a NaN left there by the allocator would
+        survive the mask: NaN + -inf is NaN)."""
+        self.self_kv[self.length:2] = 0.0
+
+    def prefix(self) -> Tensor:
+        """The decoded positions, `self_kv[:length]`, and at least two: PyTorch compiles sizes 0 and 1 apart. At
+        the first two steps the positions not decoded yet hold zeros (`_zero_unwritten`), behind the mask."""
+        prefix = self.self_kv[:max(self.length, 2)]
+        _mark_dynamic(prefix, 0, 2)  # positions, rows
+        return prefix
 
 
 class _DecoderStep(nn.Module):
@@ -122,62 +143,72 @@ class _DecoderStep(nn.Module):
         self.n_heads = model.config.n_heads
         self.norm_first = model.config.norm_first
 
-    def forward(self, tokens: Tensor, position: Tensor, self_keys: list[Tensor], self_values: list[Tensor],
-                cross_keys: list[Tensor], cross_values: list[Tensor], cross_bias: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor,
+                cross_bias: Tensor) -> tuple[Tensor, Tensor]:
         """The step with one row per memory row (greedy search).
 
         Args:
             tokens: `(rows,)` the previous output token of each row.
             position: 0-dim LongTensor, the index of the new position.
-            self_keys, self_values, cross_keys, cross_values, cross_bias: as in `StaticDecoderCache`.
+            self_kv: `(n, 2 * n_layers, rows, n_heads, d_head)`, `StaticDecoderCache.prefix()`: the decoded
+                positions (those from `position` on are masked). Not written: the step is a pure function (a
+                buffer written inside the compiled code was copied whole at every step).
+            cross_kv, cross_bias: as in `StaticDecoderCache`.
 
         Returns:
-            logits `(rows, tgt_vocab_size)`.
+            logits `(rows, tgt_vocab_size)`, and the new position's keys and values
+            `(2 * n_layers, rows, n_heads, d_head)`, for the caller to store at index `position`.
         """
-        return self._step(tokens, position, self_keys, self_values, cross_keys, cross_values, cross_bias, 1)
+        return self._step(tokens, position, self_kv, cross_kv, cross_bias, 1)
 
-    def _step(self, tokens: Tensor, position: Tensor, self_keys: list[Tensor], self_values: list[Tensor],
-              cross_keys: list[Tensor], cross_values: list[Tensor], cross_bias: Tensor, group: int) -> Tensor:
+    def _step(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor, cross_bias: Tensor,
+              group: int) -> tuple[Tensor, Tensor]:
         rows, memory_rows = tokens.size(0), cross_bias.size(0)
         if group != 1:  # a multiple, known only to the tensors (beam search's rows per sentence)
             group = rows // memory_rows
-        capacity = self_keys[0].size(2)
+        n = self_kv.size(0)
         d_model, n_heads = self.output_weight.size(1), self.n_heads
         d_head = d_model // n_heads
         scale = 1.0 / math.sqrt(d_head)
         table = self.decoder.positional_encoding.table
         x = self.decoder.embedding(tokens) + table.index_select(0, position.view(1))  # (rows, d_model)
-        ahead = torch.arange(capacity, device=tokens.device) > position
-        self_bias = torch.zeros(capacity, dtype=x.dtype, device=x.device).masked_fill(ahead, float("-inf"))
+        # The prefix's positions from `position` on are not decoded yet (only at the first two steps: see `prefix`)
+        ahead = torch.arange(n, device=tokens.device) >= position  # (n,)
+        self_bias = torch.zeros(n, dtype=x.dtype, device=x.device).masked_fill(ahead, float("-inf"))
+        new_kv = []
         for i, layer in enumerate(self.decoder.layers):
             h = layer.norm1(x) if self.norm_first else x
-            q, k, v = layer.self_attn.in_proj(h).view(rows, 3, n_heads, 1, d_head).unbind(1)
-            self_keys[i].index_copy_(2, position.view(1), k)
-            self_values[i].index_copy_(2, position.view(1), v)
-            scores = q @ self_keys[i].transpose(-1, -2) * scale + self_bias  # (rows, n_heads, 1, capacity)
-            h = (scores.softmax(-1) @ self_values[i]).view(rows, d_model)
+            q, k, v = layer.self_attn.in_proj(h).view(rows, 3, n_heads, d_head).unbind(1)  # (rows, n_heads, d_head)
+            new_kv += [k, v]
+            keys, values = self_kv[:, 2 * i], self_kv[:, 2 * i + 1]  # (n, rows, n_heads, d_head)
+            # Scores over the prefix and the new position; products written as sums over an axis, which Inductor
+            # fuses into one pass over the prefix
+            scores = torch.cat([(keys * q).sum(-1) * scale + self_bias[:, None, None], (k * q).sum(-1)[None] * scale])
+            weights = scores.softmax(0)  # (n + 1, rows, n_heads)
+            h = (weights[:-1, ..., None] * values).sum(0) + weights[-1, ..., None] * v
+            h = h.view(rows, d_model)
             x = _residual(x, layer.self_attn.out_proj(h), layer.norm1, self.norm_first)
             h = layer.norm2(x) if self.norm_first else x
             q = layer.cross_attn._project_q(h).view(memory_rows, group, n_heads, d_head).transpose(1, 2)
             # (memory_rows, n_heads, group, src_len)
-            scores = q @ cross_keys[i].transpose(-1, -2) * scale + cross_bias[:, None, None, :]
-            h = (scores.softmax(-1) @ cross_values[i]).transpose(1, 2).reshape(rows, d_model)
+            scores = q @ cross_kv[2 * i].transpose(-1, -2) * scale + cross_bias[:, None, None, :]
+            h = (scores.softmax(-1) @ cross_kv[2 * i + 1]).transpose(1, 2).reshape(rows, d_model)
             x = _residual(x, layer.cross_attn.out_proj(h), layer.norm2, self.norm_first)
             h = layer.feed_forward(layer.norm3(x) if self.norm_first else x)
             x = _residual(x, h, layer.norm3, self.norm_first)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
-        return F.linear(x, self.output_weight, self.output_bias)
+        return F.linear(x, self.output_weight, self.output_bias), torch.stack(new_kv)
 
 
 class _GroupedDecoderStep(_DecoderStep):
     """The step with g >= 2 consecutive rows per memory row (beam search's beams). A class of its own so that
     torch.compile keeps its compiled code apart from greedy's (it caches per function), each for any size."""
 
-    def forward(self, tokens: Tensor, position: Tensor, self_keys: list[Tensor], self_values: list[Tensor],
-                cross_keys: list[Tensor], cross_values: list[Tensor], cross_bias: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor,
+                cross_bias: Tensor) -> tuple[Tensor, Tensor]:
         """As `_DecoderStep.forward`, with rows a multiple (>= 2) of the memory rows."""
-        return self._step(tokens, position, self_keys, self_values, cross_keys, cross_values, cross_bias, 2)
+        return self._step(tokens, position, self_kv, cross_kv, cross_bias, 2)
 
 
 class CompiledDecoding:
@@ -237,29 +268,29 @@ class CompiledDecoding:
         self.model.decoder.positional_encoding(1, cache.length)  # raises beyond max_positions
         if cache.cross_bias is None:
             self._fill(cache, tgt_in.size(0), memory, memory_key_padding_mask)
-        elif cache.length == cache.self_keys[0].size(2):
+        elif cache.length == cache.capacity:
             cache._grow(2 * cache.length)
         position = torch.tensor(cache.length, device=tgt_in.device)
         rows = tgt_in.size(0)
         tokens = tgt_in.reshape(rows).contiguous()  # one stride whatever the prefix's length
         if cache.mirrored:
             tokens = tokens.repeat(2)
-        _mark_dynamic(tokens)
-        inputs = (tokens, position, cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values,
-                  cache.cross_bias)
+        _mark_dynamic(tokens, 0)
+        inputs = (tokens, position, cache.prefix(), cache.cross_kv, cache.cross_bias)
         with self._inductor_config.patch(freezing=True, cpp_wrapper=True):  # read when it compiles (lazily)
-            logits = self._steps[tokens.size(0) > cache.cross_bias.size(0)](*inputs)
+            logits, new_kv = self._steps[tokens.size(0) > cache.cross_bias.size(0)](*inputs)
+        cache.self_kv[cache.length] = new_kv
         cache.length += 1
         return logits[:rows, None]
 
     def _fill(self, cache: StaticDecoderCache, rows: int, memory: Tensor, mask: Optional[Tensor]) -> None:
-        """Project the memory into each layer's keys and values; allocate the self-attention buffers."""
+        """Project the memory into each layer's keys and values; allocate the self-attention buffer."""
         memory_rows, src_len, d_model = memory.shape
         cache.memory_rows, cache.mirrored = memory_rows, memory_rows == 1
         if cache.mirrored:
             memory, rows, memory_rows = memory.expand(2, -1, -1), 2 * rows, 2
             mask = None if mask is None else mask.expand(2, -1)
-        n_heads = self.config.n_heads
+        n_heads, n_layers = self.config.n_heads, len(self.model.decoder.layers)
         d_head = d_model // n_heads
         if mask is None:
             mask = torch.zeros(memory_rows, src_len, dtype=torch.bool, device=memory.device)
@@ -267,13 +298,12 @@ class CompiledDecoding:
         empty = mask.all(dim=1)  # a row of padding only attends to nothing in the eager decoder: zero output
         bias[empty] = 0.0
         cache.cross_bias = bias
-        for layer in self.model.decoder.layers:
+        cache.cross_kv = memory.new_empty(2 * n_layers, memory_rows, n_heads, src_len, d_head)
+        for i, layer in enumerate(self.model.decoder.layers):
             k, v = layer.cross_attn._project_kv(memory)  # (memory_rows, src_len, d_model) each
-            k, v = (t.view(memory_rows, src_len, n_heads, d_head).transpose(1, 2).contiguous() for t in (k, v))
-            v[empty] = 0.0
-            cache.cross_keys.append(k)
-            cache.cross_values.append(v)
-            shape = (rows, n_heads, self.INITIAL_CAPACITY, d_head)
-            cache.self_keys.append(memory.new_zeros(shape))
-            cache.self_values.append(memory.new_zeros(shape))
-        cache._mark()
+            for j, t in enumerate((k, v)):
+                cache.cross_kv[2 * i + j] = t.view(memory_rows, src_len, n_heads, d_head).transpose(1, 2)
+            cache.cross_kv[2 * i + 1, empty] = 0.0
+        cache._mark_cross()
+        cache.self_kv = memory.new_empty(self.INITIAL_CAPACITY, 2 * n_layers, rows, n_heads, d_head)
+        cache._zero_unwritten()
