@@ -113,3 +113,26 @@ def test_stream_reader_applies_the_same_rules():
     os.close(w)
     with pytest.raises(DataError, match=r"<stdin>, line 3: contains a NUL byte"):
         reader.read_available(10)
+
+
+def test_stream_reader_acts_on_a_ctrl_c_that_did_not_interrupt_its_wait():
+    """SIGINT raised in another thread sets Python's flag without interrupting the main thread's wait, as a Ctrl-C
+    landing just before the wait begins does (`transformer translate` then hung on typed input until the next
+    line); the reader must wake and raise KeyboardInterrupt within a second, not when the next line comes (5 s)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    reader, w = _pipe_reader()
+    threading.Timer(0.2, signal.raise_signal, [signal.SIGINT]).start()
+    late_line = threading.Timer(5.0, os.write, [w, b"late\n"])  # ends the wait if the reader never wakes
+    late_line.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        reader.read_available(10)
+    elapsed = time.monotonic() - start
+    late_line.cancel()
+    late_line.join()
+    os.close(w)
+    assert elapsed < 2.0

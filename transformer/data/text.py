@@ -88,10 +88,15 @@ class StreamLineReader:
         self._eof = False
         self.lines_read = 0
 
+    WAKE_SECONDS = 0.5
+    """While waiting for input, return to Python this often: a Ctrl-C (SIGINT) that lands in the instant before the
+    wait begins (or in another thread) does not interrupt the wait; Python acts on it at its next return."""
+
     def _read_more(self, wait: bool) -> bool:
         """Read what the descriptor has (waiting for something if `wait`); False if nothing was there."""
-        if not wait and not select.select([self.fd], [], [], 0)[0]:
-            return False
+        while not select.select([self.fd], [], [], self.WAKE_SECONDS if wait else 0)[0]:
+            if not wait:
+                return False
         block = os.read(self.fd, 1 << 16)
         if not block:
             self._eof = True
