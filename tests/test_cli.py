@@ -292,7 +292,10 @@ def test_ctrl_c_while_translating_typed_input_is_one_line(trained_run):
     process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint",
                                 str(trained_run / "checkpoints" / "best.pt"), "--beam-size", "1"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               cwd=Path(__file__).resolve().parents[1])
+                               cwd=Path(__file__).resolve().parents[1],
+                               # as from a terminal: a shell's background job (`make test &`) ignores SIGINT, and
+                               # the child would inherit that
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         process.stdin.write("Ein Mann fährt Fahrrad.\n".encode())
         process.stdin.flush()

@@ -76,7 +76,7 @@ def test_health_describes_model_vocabulary_device_and_uptime(client, translator,
     assert body["status"] == "ok" and body["device"] == "cpu" and body["uptime_s"] >= 0
     assert body["model"]["checkpoint"] == checkpoint.name and body["model"]["engine"] == "pytorch"
     assert body["model"]["parameters"] == Transformer(translator.model.config).num_parameters()  # as trained
-    assert body["model"]["quantization"] is None
+    assert body["model"]["quantization"] is None and body["model"]["compile"] is False
     assert body["vocabulary"] == {"src_lang": "de", "tgt_lang": "en", "src_size": translator.tokenizer.src_vocab_size,
                                   "tgt_size": translator.tokenizer.tgt_vocab_size, "joint": True}
     assert body["decoding"]["beam_size"] == translator.config.decoding.beam_size
@@ -139,6 +139,23 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
     not_text = client.post("/translate", json={"text": 5}).json()
     assert not_text["field"] == "text" and "a sentence (a string) or a list of sentences" in not_text["error"]
     assert client.post("/translate", json={"text": SENTENCES}).status_code == 200
+
+
+def test_a_compiled_translator_warmed_up_serves_the_eager_outputs_without_compiling_again(translator, checkpoint):
+    """`serve --compile` compiles before serving (`Translator.warm_up`): requests of several sizes, greedy and beam
+    search, then need no compile, and answer what the eager translator gives."""
+    from torch._dynamo.utils import counters
+
+    compiled = Translator.from_checkpoint(checkpoint, compile=True)
+    assert compiled.warm_up() > 0
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # greedy's step and beam search's
+    with TestClient(create_app(compiled, checkpoint=str(checkpoint))) as c:
+        assert c.get("/health").json()["model"]["compile"] is True
+        for text, beam_size in ((SENTENCES, 1), (SENTENCES, 4), ([SENTENCES[2]], 1), ([SENTENCES[1]], 5)):
+            body = c.post("/translate", json={"text": text, "beam_size": beam_size}).json()
+            assert body["translations"] == translator.translate(text, beam_size=beam_size), (text, beam_size)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 class GatedTranslator:

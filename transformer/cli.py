@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     serve.add_argument("--quantization", choices=["int8"], help="int8: int8 dynamically quantized linear layers (CPU)")
+    serve.add_argument("--compile", action="store_true",
+                       help="decode with the decoder step compiled by torch.compile, compiled before serving "
+                            "(20-60 s at start; CPU; needs a C++ compiler; see README)")
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)")
     serve.add_argument("--max-sentences", type=int, default=128, help="sentences per request (default 128)")
     serve.add_argument("--max-chars", type=int, default=2000, help="characters per sentence (default 2000)")
@@ -379,7 +382,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_beam_size=args.max_beam_size, max_request_bytes=args.max_request_bytes)
     run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
                limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
-               access_log=not args.no_access_log, quantization=args.quantization)
+               access_log=not args.no_access_log, quantization=args.quantization, compile=args.compile)
     return 0
 
 

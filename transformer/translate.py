@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,24 @@ class Translator:
         resolved = resolve_device(device)
         config, model, tokenizer = load_for_inference(path)
         return cls(model, tokenizer, config, resolved, quantization=quantization, workers=workers, compile=compile)
+
+    def warm_up(self) -> float:
+        """With `compile=True`, compile now what would otherwise compile at the first greedy batch and the first beam
+        search (20-60 s each): decode two short sentences both ways, three steps at least. For a server, whose
+        first requests should not wait for it (`transformer serve --compile`). Without compile it does nothing.
+
+        Returns:
+            The seconds it took.
+        """
+        start = time.perf_counter()
+        if self.compile:
+            batch = make_batch([[5, 6, 7, EOS_ID], [8, EOS_ID]]).to(self.device)  # any ids: the sizes matter
+            for beam_size in (1, 2):
+                options = self.decoding_options(beam_size=beam_size, n_best=1, min_len=3, max_len_a=0.0,
+                                                max_len_b=4)
+                with torch.no_grad():
+                    self._decode_batch(batch.src, batch.src_key_padding_mask, options, True, False)
+        return time.perf_counter() - start
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated.

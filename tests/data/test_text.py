@@ -125,14 +125,19 @@ def test_stream_reader_acts_on_a_ctrl_c_that_did_not_interrupt_its_wait():
     import time
 
     reader, w = _pipe_reader()
-    threading.Timer(0.2, signal.raise_signal, [signal.SIGINT]).start()
+    # Python's Ctrl-C handler, as from a terminal (a shell's background job, `make test &`, starts with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     late_line = threading.Timer(5.0, os.write, [w, b"late\n"])  # ends the wait if the reader never wakes
-    late_line.start()
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        reader.read_available(10)
-    elapsed = time.monotonic() - start
-    late_line.cancel()
-    late_line.join()
-    os.close(w)
+    try:
+        threading.Timer(0.2, signal.raise_signal, [signal.SIGINT]).start()
+        late_line.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            reader.read_available(10)
+        elapsed = time.monotonic() - start
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        late_line.cancel()
+        late_line.join()
+        os.close(w)
     assert elapsed < 2.0

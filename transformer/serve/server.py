@@ -16,7 +16,8 @@ from .app import ServeLimits, create_app
 
 def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int = 0,
                limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
-               access_log: bool = True, quantization: Optional[str] = None) -> None:
+               access_log: bool = True, quantization: Optional[str] = None,
+               compile: bool = False) -> None:
     """Load `checkpoint` (a .pt file or an exported CTranslate2 folder) and serve it until interrupted.
 
     Args:
@@ -29,6 +30,8 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
         max_wait_ms: how long to collect concurrent requests after the first (milliseconds).
         access_log: log one line per request (uvicorn's access log).
         quantization: None or "int8" (see `Translator`).
+        compile: decode with the compiled step (`Translator(..., compile=True)`), compiled before the server starts
+            answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
 
     Raises:
         CheckpointError, DeviceError: the model cannot be loaded.
@@ -39,7 +42,10 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
     try:
         if threads > 0:
             torch.set_num_threads(threads)
-        translator = open_translator(checkpoint, device=device, quantization=quantization)
+        translator = open_translator(checkpoint, device=device, quantization=quantization, compile=compile)
+        if compile:
+            print("compiling the decoding step for greedy and beam search (20-60 s) ...", file=sys.stderr, flush=True)
+            print(f"compiled in {translator.warm_up():.1f} s", file=sys.stderr, flush=True)
         app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
                          max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
         print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
