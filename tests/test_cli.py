@@ -119,6 +119,7 @@ def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
     record = json.loads(out.read_text())
     hyps = Path(record["hypotheses"]).read_text().split("\n")[:-1]
     assert len(hyps) == 100 and record["n_sentences"] == 100
+    assert (record["quantization"], record["compile"], record["workers"]) == (None, False, 1)  # how it decoded
     assert not any("▁" in h for h in hyps)  # detokenized
     refs = (multi30k_subset / "test_2016_flickr.en.gz")
     import gzip
@@ -391,3 +392,19 @@ def test_compile_flag_reaches_the_translator_and_its_refusals(trained_run, tmp_p
     (fake_ct2 / "transformer_nmt.json").write_text("{}")
     assert main(["translate", "--checkpoint", str(fake_ct2), "--input", str(src), "--compile"]) == 2
     assert "--compile compiles our own decoder" in capsys.readouterr().err
+
+
+def test_translate_compile_writes_the_eager_lines_and_says_it_is_compiling(trained_run, tmp_path, capsys):
+    """`translate --compile` as a user calls it: the same output file as without it (greedy), and a line on stderr
+    before the silent compile of the first batch."""
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\nZwei Kinder spielen im Park.\n\nEine Frau liest ein Buch.\n", encoding="utf-8")
+    eager, compiled = tmp_path / "eager.en", tmp_path / "compiled.en"
+    common = ["translate", "--checkpoint", ckpt, "--input", str(src), "--beam-size", "1"]
+    assert main([*common, "--output", str(eager)]) == 0
+    assert "--compile" not in capsys.readouterr().err
+    assert main([*common, "--output", str(compiled), "--compile"]) == 0
+    assert "--compile: compiling the decoding step" in capsys.readouterr().err
+    assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
+    assert compiled.read_text(encoding="utf-8").count("\n") == 4

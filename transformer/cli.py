@@ -249,6 +249,13 @@ def _input_chunks(args: argparse.Namespace) -> Iterator[list[str]]:
         yield chunk
 
 
+def _note_compile(args: argparse.Namespace) -> None:
+    """With --compile, say on stderr why the first batch takes long (nothing is printed while Inductor compiles)."""
+    if args.compile:
+        print("--compile: compiling the decoding step at the first batch (about 20-60 s, once per process for "
+              "greedy and once for beam search)", file=sys.stderr, flush=True)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
     flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
@@ -261,6 +268,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers, compile=args.compile)
+    _note_compile(args)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
     if args.output:
@@ -323,6 +331,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers, compile=args.compile)
     src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)
+    _note_compile(args)
     hyps: list[str] = []
     with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
         for start in range(0, len(src), EVALUATE_CHUNK):
@@ -341,6 +350,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         record = {**scores.to_dict(), "checkpoint": str(args.checkpoint), "data": origin,
                   "beam_size": options.beam_size, "length_penalty": options.length_penalty,
+                  "quantization": args.quantization, "compile": args.compile, "workers": args.workers,
                   "hypotheses": str(hyp_path)}
         json_path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {json_path} and {hyp_path}")

@@ -284,7 +284,7 @@ def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: O
     if is_ctranslate2_dir(checkpoint):
         if compile:
             raise ConfigError(f"--compile compiles our own decoder; {checkpoint} is a CTranslate2 folder, which "
-                              "decodes with CTranslate2's")
+                              "decodes with CTranslate2's own decoder")
         if quantization:
             raise ConfigError(f"--quantization {quantization}: {checkpoint} is a CTranslate2 folder, whose weight type "
                               "is chosen when exporting (transformer export --quantization ...)")
