@@ -147,9 +147,10 @@ def test_a_compiled_translator_warmed_up_serves_the_eager_outputs_without_compil
     from torch._dynamo.utils import counters
 
     compiled = Translator.from_checkpoint(checkpoint, compile=True)
-    assert compiled.warm_up() > 0
+    before = counters["stats"]["unique_graphs"]  # counted over the process: earlier tests compile too
+    compiled.warm_up()
     graphs = counters["stats"]["unique_graphs"]
-    assert graphs >= 2  # greedy's step and beam search's
+    assert graphs - before >= 2  # greedy's step and beam search's
     with TestClient(create_app(compiled, checkpoint=str(checkpoint))) as c:
         assert c.get("/health").json()["model"]["compile"] is True
         for text, beam_size in ((SENTENCES, 1), (SENTENCES, 4), ([SENTENCES[2]], 1), ([SENTENCES[1]], 5)):

@@ -268,9 +268,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers, compile=args.compile)
-    _note_compile(args)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
+    _note_compile(args)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout

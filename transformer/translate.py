@@ -68,7 +68,7 @@ class Translator:
             Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
             (README: greedy 1.3-1.4x, beam 5 about 1.1x); the outputs are the same.
         compile: run the decoder's incremental step compiled by torch.compile (`model.compiled`): faster once
-            compiled (README: greedy 1.2-1.3x, beam 5 1.1-1.15x), at a one-time cost of about 20-40 s at the
+            compiled (README: greedy 1.2-1.3x, beam 5 1.1-1.15x), at a one-time cost of about 20-60 s at the
             first batch of greedy and of beam search; the same tokens. CPU only; not with int8 or workers > 1.
 
     Raises:

@@ -17,7 +17,7 @@ finished sentences need. Encoder-decoder attention reads keys and values project
 (eagerly), with the padding as an additive bias; g consecutive rows share a memory row (the beams of one
 sentence, as in `MultiHeadAttention`).
 
-Compiled once per process for greedy search and once for beam search (about 20-40 s each on 2 CPU cores; Inductor
+Compiled once per process for greedy search and once for beam search (about 20-60 s each on 2 CPU cores; Inductor
 caches its output on disk, so a later process compiles faster); the sizes that change between calls (rows,
 decoded positions, source length) are marked dynamic, so no size compiles again. PyTorch would still compile a
 size of one apart (it specializes sizes 0 and 1): the step reads at least two positions (`prefix`), and a single

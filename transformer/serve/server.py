@@ -44,7 +44,8 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
             torch.set_num_threads(threads)
         translator = open_translator(checkpoint, device=device, quantization=quantization, compile=compile)
         if compile:
-            print("compiling the decoding step for greedy and beam search (20-60 s) ...", file=sys.stderr, flush=True)
+            print("compiling the decoding step for greedy and beam search (about 20-60 s each) ...", file=sys.stderr,
+                  flush=True)
             print(f"compiled in {translator.warm_up():.1f} s", file=sys.stderr, flush=True)
         app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
                          max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
