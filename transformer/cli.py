@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
-from .config import Config, ConfigError, load_config, override_config
+from .config import Config, ConfigError, OptionError, load_config, override_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
 from .device import DeviceError, reuse_freed_memory
@@ -410,7 +410,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
-        message = _as_typed(str(err)) if args.command in ("translate", "evaluate", "attention") else str(err)
+        if isinstance(err, OptionError):  # a library call's parameters, spelled as the flags that set them
+            message = err.as_flags()
+        elif args.command in ("translate", "evaluate", "attention"):
+            message = _as_typed(str(err))
+        else:
+            message = str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)

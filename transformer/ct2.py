@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import Config, ConfigError, DecodingConfig, config_from_dict
+from .config import Config, DecodingConfig, OptionError, config_from_dict
 from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
 from .tokenizer import Tokenizer
@@ -217,7 +217,7 @@ class CTranslate2Translator:
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() else "cpu"
         if device.split(":")[0] not in ("cpu", "cuda"):
-            raise ConfigError(f"--device {device!r}: a CTranslate2 model runs on cpu or cuda")
+            raise OptionError("{device}: a CTranslate2 model runs on cpu or cuda", device=device)
         index = int(device.split(":")[1]) if ":" in device else 0
         if workers > 1:
             threads = max(1, (threads or torch.get_num_threads()) // workers)
@@ -273,21 +273,27 @@ class CTranslate2Translator:
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
 
+def _braced(path: str | Path) -> str:
+    """A path for an `OptionError` template (braces doubled)."""
+    return str(path).replace("{", "{{").replace("}", "}}")
+
+
 def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,
                     workers: int = 1, compile: bool = False) -> Any:
     """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
 
     Raises:
-        ConfigError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`), or
+        OptionError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`), or
             compile (ours only).
     """
     if is_ctranslate2_dir(checkpoint):
         if compile:
-            raise ConfigError(f"--compile compiles our own decoder; {checkpoint} is a CTranslate2 folder, which "
-                              "decodes with CTranslate2's own decoder")
+            raise OptionError(f"{{compile}} compiles our own decoder; {_braced(checkpoint)} is a CTranslate2 folder, "
+                              "which decodes with CTranslate2's own decoder", compile=True)
         if quantization:
-            raise ConfigError(f"--quantization {quantization}: {checkpoint} is a CTranslate2 folder, whose weight type "
-                              "is chosen when exporting (transformer export --quantization ...)")
+            raise OptionError(f"{{quantization}}: {_braced(checkpoint)} is a CTranslate2 folder, whose weight type "
+                              "is chosen when exporting (transformer export --quantization ...)",
+                              quantization=quantization)
         return CTranslate2Translator(checkpoint, device=device, workers=workers)
     from .translate import Translator
     return Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, workers=workers,

@@ -22,13 +22,12 @@ from typing import Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import EOS_ID, Config, ConfigError, DecodingConfig
+from .config import EOS_ID, Config, DecodingConfig, OptionError
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
+from .fast import decoder_for
 from .model import Transformer
-from .model.compiled import CompiledDecoding
-from .model.inference import for_cpu_decoding
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,27 +53,26 @@ class Translator:
     """A trained model with its tokenizer and decoding defaults.
 
     Args:
-        model: the Transformer (moved to `device`, put in eval mode).
+        model: the Transformer (moved to `device`, put in eval mode); kept as `model`, the readable model.
         tokenizer: its sentencepiece models.
         config: the run's config (decoding defaults come from `config.decoding`).
         device: where to decode.
         quantization: None (float32, as trained) or "int8": linear layers int8 dynamically quantized (CPU only).
-            On the CPU the model decodes as a copy made by `model.inference.for_cpu_decoding` (weight layout,
-            quantization).
         workers: batches decoded at once (CPU only), each in its own thread on torch's thread count divided
             by `workers` (at least 1), which `decode_ids` sets for the duration of the call and then restores.
             That count is process-wide: calls with workers > 1 from several threads take turns, and a one-worker
-            call running beside one of them decodes on the lowered count.
-            Small matrix products use one core better than two, so on 2 cores 2 workers decode a file faster
-            (README: greedy 1.3-1.4x, beam 5 about 1.1x); the outputs are the same.
-        compile: run the decoder's incremental step compiled by torch.compile (`model.compiled`): faster once
-            compiled (README: greedy 1.2-1.3x, beam 5 1.1-1.15x), at a one-time cost of about 20-60 s at the
-            first batch of greedy and of beam search; the same tokens. CPU only; not with int8 or workers > 1.
+            call running beside one of them decodes on the lowered count. The outputs are the same.
+        compile: decode with the incremental step compiled by torch.compile (`fast.CompiledDecoder`): compiled
+            at the first greedy batch and the first beam search (or by `warm_up`); the same tokens. CPU only; not
+            with int8 or workers > 1.
+
+    The searches run on `decoder`: `fast.decoder_for(model, quantization, compile)`, the CPU speed paths of
+    `transformer/fast/` on the CPU and the model itself elsewhere.
 
     Raises:
-        ConfigError: an unknown quantization, int8 on a device other than the CPU, or int8 unavailable in this
-            PyTorch build; workers < 1, or workers > 1 on a device other than the CPU; compile with int8, with
-            workers > 1 or on a device other than the CPU.
+        OptionError: naming the parameters: an unknown quantization, int8 on a device other than the CPU, or int8
+            unavailable in this PyTorch build; workers < 1, or workers > 1 on a device other than the CPU;
+            compile with int8, with workers > 1 or on a device other than the CPU.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: Config,
@@ -83,26 +81,18 @@ class Translator:
         self.device = torch.device(device)
         check_workers(workers)
         if workers > 1 and self.device.type != "cpu":
-            raise ConfigError(f"--workers {workers} decodes on the CPU only, not on {self.device}")
-        if compile and quantization:
-            raise ConfigError(f"--compile works on float32 models, not with --quantization {quantization}")
-        if compile and self.device.type != "cpu":
-            raise ConfigError(f"--compile decodes on the CPU only (not tested on {self.device}); leave it out there")
+            raise OptionError(f"{{workers}} decodes on the CPU only, not on {self.device}", workers=workers)
         if compile and workers > 1:  # compiled kernels keep the thread count they were compiled for
-            raise ConfigError(f"--compile decodes with one worker (on every thread), not --workers {workers}")
+            raise OptionError("{compile} decodes with one worker (on every thread), not {workers}", compile=True,
+                              workers=workers)
         self.workers = workers
         self.model = model.to(self.device).eval()
-        self.num_parameters = self.model.num_parameters()  # of the trained model (int8 layers hold no Parameters)
-        if quantization and self.device.type != "cpu":
-            raise ConfigError(f"--quantization {quantization} decodes on the CPU only, not on {self.device}")
-        if self.device.type == "cpu":
-            try:
-                self.model = for_cpu_decoding(self.model, quantization)
-            except ValueError as err:  # an unknown quantization, or int8 unavailable in this PyTorch build
-                raise ConfigError(str(err)) from err
+        self.num_parameters = self.model.num_parameters()
+        try:
+            self.decoder = decoder_for(self.model, quantization, compile)
+        except ValueError as err:  # names the parameters; restated so that the CLI can name its flags
+            raise _option_error(str(err), quantization, compile) from err
         self.quantization = quantization
-        # What the searches decode with on the cache: the model, or its compiled incremental step.
-        self._search_model = CompiledDecoding(self.model) if compile else self.model
         self.compile = compile
         self.tokenizer = tokenizer
         self.config = config
@@ -116,7 +106,7 @@ class Translator:
         Raises:
             CheckpointError: the file is missing, corrupt or unsafe.
             DeviceError: the device is not available.
-            ConfigError: as `Translator`, for the quantization and workers.
+            OptionError: as `Translator`, for the quantization, workers and compile.
         """
         resolved = resolve_device(device)
         config, model, tokenizer = load_for_inference(path)
@@ -137,7 +127,7 @@ class Translator:
                 options = self.decoding_options(beam_size=beam_size, n_best=1, min_len=3, max_len_a=0.0,
                                                 max_len_b=4)
                 with torch.no_grad():
-                    self._decode_batch(batch.src, batch.src_key_padding_mask, options, True, False)
+                    self._decode_batch(batch.src, batch.src_key_padding_mask, options, scores=False)
         return time.perf_counter() - start
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
@@ -206,14 +196,13 @@ class Translator:
 
     @torch.no_grad()
     def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig,
-                   use_cache: bool = True, scores: bool = True) -> list[list[Hypothesis]]:
-        """Decode source id sequences in batches of similar length; None inputs give one empty hypothesis.
+                   scores: bool = True) -> list[list[Hypothesis]]:
+        """Decode source id sequences in batches of similar length; a None input gives `options.n_best` empty
+        hypotheses (score 0).
 
         Args:
             src_ids: per sentence, source ids ending in eos (or None for an empty input).
             options: decoding settings (see `decoding_options`).
-            use_cache: decode on the key/value cache (False recomputes every prefix, as `benchmark_decode.py`
-                does to measure what the cache saves).
             scores: compute greedy hypotheses' log-probabilities; False skips the per-step log-softmax over the
                 vocabulary (same tokens, `Hypothesis.score` NaN), as CTranslate2 does unless asked for scores.
 
@@ -228,7 +217,7 @@ class Translator:
         def decode_chunk(chunk: list[int]) -> list[list[Hypothesis]]:
             with torch.no_grad():  # grad mode is per thread: a worker thread needs its own
                 batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
-                return self._decode_batch(batch.src, batch.src_key_padding_mask, options, use_cache, scores)
+                return self._decode_batch(batch.src, batch.src_key_padding_mask, options, scores)
 
         if self.workers > 1 and len(chunks) > 1:
             with _THREAD_COUNT_LOCK:  # concurrent multi-worker calls take turns (see the lock's comment)
@@ -254,20 +243,30 @@ class Translator:
         return results
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
-                      use_cache: bool, scores: bool) -> list[list[Hypothesis]]:
-        model = self._search_model if use_cache else self.model
+                      scores: bool) -> list[list[Hypothesis]]:
         if options.beam_size == 1:
-            hyps = greedy_decode(model, src, mask, options.max_len_a, options.max_len_b, options.min_len,
-                                 use_cache=use_cache, scores=scores)
+            hyps = greedy_decode(self.decoder, src, mask, options.max_len_a, options.max_len_b, options.min_len,
+                                 scores=scores)
             return [[h] for h in hyps]
-        return beam_search(model, src, mask, options.beam_size, options.length_penalty, options.n_best,
-                           options.max_len_a, options.max_len_b, options.min_len, use_cache=use_cache)
+        return beam_search(self.decoder, src, mask, options.beam_size, options.length_penalty, options.n_best,
+                           options.max_len_a, options.max_len_b, options.min_len)
 
 
 def check_workers(workers: int) -> None:
-    """Raises ConfigError unless `workers` (batches decoded at once, `--workers`) is at least 1."""
+    """Raises OptionError unless `workers` (batches decoded at once) is at least 1."""
     if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
+        raise OptionError("{workers}: must be at least 1", workers=workers)
+
+
+def _option_error(message: str, quantization: Optional[str], compile: bool) -> OptionError:
+    """`fast.decoder_for`'s refusal as an `OptionError` whose parameters the CLI can spell as flags."""
+    template = message.replace("{", "{{").replace("}", "}}")
+    values: dict[str, object] = {}
+    for name, value in (("quantization", quantization), ("compile", compile)):
+        spelled = f"{name}={value!r}"
+        if value and spelled in template:
+            template, values[name] = template.replace(spelled, "{" + name + "}"), value
+    return OptionError(template, **values)
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:

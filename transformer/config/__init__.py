@@ -11,9 +11,11 @@ from .sections import (
                        ConfigError,
                        DataConfig,
                        DecodingConfig,
+                       OptionError,
                        TrainingConfig,
                        TransformerConfig,
 )
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Config", "ConfigError", "DataConfig", "DecodingConfig",
-           "TrainingConfig", "TransformerConfig", "config_from_dict", "load_config", "override_config", "save_config"]
+           "OptionError", "TrainingConfig", "TransformerConfig", "config_from_dict", "load_config", "override_config",
+           "save_config"]

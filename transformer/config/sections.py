@@ -22,6 +22,28 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
+class OptionError(ConfigError):
+    """An argument of a library call (a `Translator` option, say) that cannot be honoured.
+
+    The message names the parameters as `{name}` fields of `template`: `str(err)` spells them as Python
+    (`workers=2`), `as_flags()` as the command line does (`--workers 2`).
+
+    Args:
+        template: the message, with a `{name}` field for each parameter it names.
+        values: each named parameter's value.
+    """
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(template.format(**{name: f"{name}={value!r}" for name, value in values.items()}))
+
+    def as_flags(self) -> str:
+        """The message with each parameter spelled as its command-line flag."""
+        def flag(name: str, value: object) -> str:
+            return f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+        return self.template.format(**{name: flag(name, value) for name, value in self.values.items()})
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{key}: {message}")

@@ -1,7 +1,9 @@
-"""Decoding: greedy (`greedy.py`) and beam search (`beam.py`), both on the model's key/value cache."""
+"""Decoding: greedy (`greedy.py`) and beam search (`beam.py`), both one position per step on a key/value cache,
+through the model interface of `interface.py`."""
 
 from .beam import beam_search, gnmt_length_penalty
 from .greedy import Hypothesis, greedy_decode, max_output_length, max_output_lengths
+from .interface import IncrementalCache, IncrementalDecoder
 
-__all__ = ["Hypothesis", "beam_search", "gnmt_length_penalty", "greedy_decode", "max_output_length",
-           "max_output_lengths"]
+__all__ = ["Hypothesis", "IncrementalCache", "IncrementalDecoder", "beam_search", "gnmt_length_penalty",
+           "greedy_decode", "max_output_length", "max_output_lengths"]

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from ..config import BOS_ID, EOS_ID, PAD_ID
-from ..model import DecoderCache, Transformer
-from .greedy import Hypothesis, max_output_lengths, reduction_chunk
+from ..fast.reductions import row_topk
+from .greedy import Hypothesis, max_output_lengths
+from .interface import IncrementalCache, IncrementalDecoder
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -51,62 +52,28 @@ class BeamSearchState:
         alive: input positions of those sentences, `n_alive` of them.
         scores: `(n_alive, beam_size)` total log-probability of each live hypothesis.
         prefixes: `(n_alive * beam_size, step + 1)` token ids, bos first.
-        memory: `(n_alive, src_len, d_model)`, one row per sentence, shared by its beams (the decoder's
-            encoder-decoder attention reads it for each group of beam_size rows); mask: `(n_alive, src_len)`.
-        cache: the decoder's `DecoderCache` (None when decoding without a cache).
+        cache: the decoder's cache, `n_alive * beam_size` rows (the beams of a sentence consecutive).
     """
 
     alive: list[int]
     scores: Tensor
     prefixes: Tensor
-    memory: Tensor
-    mask: Tensor
-    cache: DecoderCache | None
+    cache: IncrementalCache
 
 
-def initialise(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, beam_size: int,
-               use_cache: bool) -> BeamSearchState:
-    """Encode once, repeat the memory for every beam, and start each sentence with one live hypothesis."""
+def initialise(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor,
+               beam_size: int) -> BeamSearchState:
+    """Encode once, make a cache with beam_size rows per sentence, and start each sentence with one live
+    hypothesis."""
     n = src.size(0)
-    memory = model.encode(src, src_key_padding_mask)  # (n, src_len, d_model): the beams of a sentence share it
+    memory = model.encode(src, src_key_padding_mask)  # (n, src_len, d_model)
     scores = torch.full((n, beam_size), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
     prefixes = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
-    return BeamSearchState(list(range(n)), scores, prefixes, memory, src_key_padding_mask,
-                           model.new_cache() if use_cache else None)
+    return BeamSearchState(list(range(n)), scores, prefixes, model.new_cache(memory, src_key_padding_mask, beam_size))
 
 
-def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k largest values of each row, largest first, and their indices: `x.topk(k, dim=-1)`, faster on the CPU.
-
-    `topk` costs about as much per row as per element on the CPU, so the row is cut into chunks: the k largest
-    values lie in the k chunks with the largest maxima (a chunk outside them has k chunk maxima at least as
-    large above its own, each a distinct element), so `amax` per chunk, a top-k over the chunk maxima, and a
-    top-k over the k chosen chunks give the same values. Indices of equal values may come in another order than
-    `topk`'s (which does not specify it). Below 16 rows, on other devices, or without a chunk size that is a
-    multiple of 16 between 32 and 160, divides the vocabulary and leaves at least 4 chunks per selected one, it is
-    `topk` itself (see `greedy.reduction_chunk`).
-
-    Args:
-        x: `(rows, vocab)`.
-        k: values per row, at most vocab.
-
-    Returns:
-        values and indices (LongTensor), each `(rows, k)`.
-    """
-    rows, vocab = x.shape
-    chunk = reduction_chunk(vocab, min_chunks=4 * k)
-    if x.device.type != "cpu" or chunk is None or rows < 16:
-        return x.topk(k, dim=-1)
-    n_chunks = vocab // chunk
-    top_chunks = x.reshape(rows, n_chunks, chunk).amax(dim=-1).topk(k, dim=-1).indices  # (rows, k)
-    first_chunk = torch.arange(0, rows * n_chunks, n_chunks, device=x.device)[:, None]  # (rows, 1)
-    candidates = x.reshape(rows * n_chunks, chunk).index_select(0, (top_chunks + first_chunk).view(-1))
-    values, within = candidates.view(rows, k * chunk).topk(k, dim=-1)  # (rows, k): position among the candidates
-    return values, top_chunks.gather(1, within // chunk) * chunk + within % chunk
-
-
-def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) -> tuple[Tensor, Tensor]:
+def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len: int) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
     Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
@@ -117,8 +84,7 @@ def expand(model: Transformer, state: BeamSearchState, step: int, min_len: int) 
         scores and tokens, each `(n_alive, beam_size, k)` with k = min(2·beam_size, vocab): total
         log-probabilities of the candidates; pad and bos are never produced, eos not before min_len.
     """
-    tokens = state.prefixes[:, -1:] if state.cache is not None else state.prefixes
-    logits = model.decode(tokens, state.memory, state.mask, cache=state.cache)[:, -1]
+    logits = model.decode_step(state.prefixes[:, -1], state.cache)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n_alive * beam_size, vocab)
     lprobs[:, PAD_ID] = float("-inf")
     lprobs[:, BOS_ID] = float("-inf")
@@ -190,19 +156,15 @@ def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Ten
     beam_size = next_scores.size(1)
     rows = next_rows.view(-1)
     prefixes = torch.cat([state.prefixes.index_select(0, rows), next_tokens.view(-1, 1)], dim=1)
-    if state.cache is not None:
-        # Beams move only within their sentence, whose memory is shared: cross-attention caches stay.
-        state.cache.select(rows)
+    state.cache.select(rows)  # beams move within their sentence
     keep = [i for i, index in enumerate(state.alive) if not sentences[index].is_done]
-    state = BeamSearchState(state.alive, next_scores, prefixes, state.memory, state.mask, state.cache)
+    state = BeamSearchState(state.alive, next_scores, prefixes, state.cache)
     if len(keep) < len(state.alive):
         keep_t = torch.tensor(keep, dtype=torch.long, device=prefixes.device)
         row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=prefixes.device)).view(-1)
-        if state.cache is not None:
-            state.cache.select(row_index, keep_t)
+        state.cache.select(row_index, keep_t)
         state = BeamSearchState([state.alive[i] for i in keep], next_scores.index_select(0, keep_t),
-                                prefixes.index_select(0, row_index), state.memory.index_select(0, keep_t),
-                                state.mask.index_select(0, keep_t), state.cache)
+                                prefixes.index_select(0, row_index), state.cache)
     return state
 
 
@@ -221,13 +183,13 @@ def pick_n_best(sentence: _Sentence, n_best: int) -> list[Hypothesis]:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, beam_size: int = 4,
+def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, beam_size: int = 4,
                 length_penalty: float = 0.6, n_best: int = 1, max_len_a: float = 1.5, max_len_b: int = 10,
-                min_len: int = 0, use_cache: bool = True) -> list[list[Hypothesis]]:
+                min_len: int = 0) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
     Args:
-        model: the Transformer, in eval mode.
+        model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
         src: `(batch, src_len)` LongTensor padded with pad_id.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         beam_size: live hypotheses per sentence.
@@ -235,8 +197,6 @@ def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, b
         n_best: hypotheses returned per sentence (<= beam_size).
         max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths` (the same for both).
         min_len: eos is not allowed before this many tokens.
-        use_cache: decode one position per step on the key/value cache (True) or recompute the whole
-            prefix at every step (False; for tests and benchmarks).
 
     Returns:
         Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
@@ -249,7 +209,7 @@ def beam_search(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, b
         raise ValueError(f"need 1 <= n_best ({n_best}) <= beam_size ({beam_size})")
     max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
     sentences = [_Sentence(m) for m in max_lengths]
-    state = initialise(model, src, src_key_padding_mask, beam_size, use_cache)
+    state = initialise(model, src, src_key_padding_mask, beam_size)
     for step in range(max(max_lengths)):
         candidate_scores, candidate_tokens = expand(model, state, step, min_len)
         top = select_top_k(candidate_scores, candidate_tokens, beam_size)

@@ -6,13 +6,13 @@ The output length cap is defined once, by `max_output_lengths` below, and used b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from ..config import BOS_ID, EOS_ID, PAD_ID
-from ..model import Transformer
+from ..fast.reductions import row_argmax
+from .interface import IncrementalDecoder
 
 
 @dataclass
@@ -56,44 +56,9 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
     return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
 
 
-def reduction_chunk(vocab: int, min_chunks: int = 1) -> Optional[int]:
-    """The chunk size of the two-stage row reductions (`row_argmax`, `beam.row_topk`): the largest multiple of 16
-    between 32 and 160 that cuts a row of vocab values into at least min_chunks whole chunks (multiples of 16
-    vectorize well; an odd size such as 125 does not), or None if there is none."""
-    return next((c for c in range(160, 31, -16) if vocab % c == 0 and vocab // c >= min_chunks), None)
-
-
-def row_argmax(x: Tensor) -> Tensor:
-    """The index of each row's largest value, the first one on ties: `x.argmax(dim=-1)`, faster on the CPU.
-
-    Index-returning reductions (`argmax`, `max(dim)`, `topk`) run several times slower on the CPU than `amax`
-    (on a 2-core AMD EPYC: 0.67 against 0.03 ms for 64 x 8,000 logits), so the row is cut into chunks: the
-    largest chunk maximum picks the chunk (the first such chunk), then an argmax within it the index — two small
-    argmaxes instead of one over the whole row (0.11-0.19 ms for 64 x 8,000 with chunks of 64-160; odd sizes
-    such as 125 vectorize badly, 0.36 ms). NaN is the largest value, as for `argmax`. Below 16 rows, or without
-    a chunk size that is a multiple of 16 between 32 and 160 and divides the vocabulary, it is `argmax` itself
-    (one row: 0.025 ms against 0.09).
-
-    Args:
-        x: `(rows, vocab)`.
-
-    Returns:
-        `(rows,)` LongTensor.
-    """
-    rows, vocab = x.shape
-    chunk = reduction_chunk(vocab)
-    if x.device.type != "cpu" or chunk is None or rows < 16:
-        return x.argmax(dim=-1)
-    chunks = x.reshape(rows, vocab // chunk, chunk)
-    best_chunk = chunks.amax(dim=-1).argmax(dim=-1)  # (rows,)
-    within = chunks[torch.arange(rows, device=x.device), best_chunk].argmax(dim=-1)  # (rows,)
-    return best_chunk * chunk + within
-
-
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0, use_cache: bool = True,
-                  scores: bool = True) -> list[Hypothesis]:
+def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
+                  max_len_b: int = 10, min_len: int = 0, scores: bool = True) -> list[Hypothesis]:
     """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
     never picked, eos not before min_len tokens.
 
@@ -101,13 +66,11 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     stops as soon as the last one has ended.
 
     Args:
-        model: the Transformer (put in eval mode by the caller).
+        model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
         src: `(batch, src_len)` LongTensor, padded with pad_id.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         max_len_a, max_len_b: output length cap, see `max_output_lengths`.
         min_len: eos is not allowed before this many tokens.
-        use_cache: decode one new position per step on the key/value cache (True) or rerun the decoder
-            over the whole prefix at every step (False; for tests and benchmarks).
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
             False the most probable token is taken from the logits directly (the same tokens; the normalization
             is skipped, as CTranslate2 does unless asked for scores) and `Hypothesis.score` is NaN.
@@ -117,17 +80,16 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
     """
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
-    mask = src_key_padding_mask
-    max_lengths = max_output_lengths(mask, max_len_a, max_len_b, model.config.max_positions)
-    cache = model.new_cache() if use_cache else None
-    prefix = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)  # (alive, step + 1)
+    max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
+    cache = model.new_cache(memory, src_key_padding_mask)
+    last = torch.full((n,), BOS_ID, dtype=torch.long, device=src.device)  # (alive,): each row's last token
     alive = list(range(n))  # input positions of the rows still decoding
     outputs: list[list[int]] = [[] for _ in range(n)]
     totals, finished = [0.0] * n, [False] * n
     for step in range(max(max_lengths)):
-        logits = model.decode(prefix[:, -1:] if use_cache else prefix, memory, mask, cache=cache)[:, -1]
-        # (alive, tgt_vocab_size): log-probabilities, or the logits themselves when no scores are asked for (the
-        # argmax is the same before and after the log-softmax)
+        logits = model.decode_step(last, cache)  # (alive, tgt_vocab_size)
+        # log-probabilities, or the logits themselves when no scores are asked for (the argmax is the same before
+        # and after the log-softmax)
         candidates = torch.log_softmax(logits.float(), dim=-1) if scores else logits
         candidates[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
         candidates[:, BOS_ID] = float("-inf")
@@ -150,11 +112,8 @@ def greedy_decode(model: Transformer, src: Tensor, src_key_padding_mask: Tensor,
             if not keep:
                 break
             index = torch.tensor(keep, device=src.device)
-            memory, mask = memory.index_select(0, index), mask.index_select(0, index)
             best = best.index_select(0, index)
-            prefix = prefix.index_select(0, index)
-            if cache is not None:
-                cache.select(index, index)
+            cache.select(index, index)
             alive = [alive[row] for row in keep]
-        prefix = torch.cat([prefix, best[:, None]], dim=1)
+        last = best
     return [Hypothesis(outputs[i], totals[i] if scores else float("nan"), finished[i]) for i in range(n)]

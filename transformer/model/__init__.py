@@ -1,5 +1,6 @@
-"""The model: dropout (`dropout.py`), attention (`attention.py`), its layers (`layers.py`) and the encoder-decoder
-(`transformer.py`)."""
+"""The model as the paper describes it: dropout (`dropout.py`), attention, masks and the key/value cache
+(`attention.py`), embeddings, positional encoding and the layers (`layers.py`), the encoder-decoder
+(`transformer.py`). The CPU speed paths that decode with these weights are in `transformer/fast/`."""
 
 from .attention import KVCache, MultiHeadAttention, causal_mask, make_key_padding_mask
 from .transformer import AttentionWeights, DecoderCache, Transformer

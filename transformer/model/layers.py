@@ -106,9 +106,17 @@ class PositionwiseFeedForward(nn.Module):
         return self.linear2(self.activation(self.linear1(x)))
 
 
-def _residual(x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm, norm_first: bool) -> Tensor:
-    """The residual connection around a sub-layer (§3.1), post-norm LayerNorm(x + out) or pre-norm x + out
-    (in pre-norm the LayerNorm was applied to the sub-layer's input instead)."""
+def residual(x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm, norm_first: bool) -> Tensor:
+    """The residual connection around a sub-layer (§3.1): post-norm LayerNorm(x + out), or pre-norm x + out (in
+    pre-norm the LayerNorm was applied to the sub-layer's input instead).
+
+    Args:
+        x: the sub-layer's input `(batch, len, d_model)`; sublayer_out: its output (after dropout), the same shape.
+        norm: the sub-layer's LayerNorm; norm_first: pre-norm (True) or post-norm (False).
+
+    Returns:
+        `(batch, len, d_model)`.
+    """
     return x + sublayer_out if norm_first else norm(x + sublayer_out)
 
 
@@ -143,9 +151,9 @@ class EncoderLayer(nn.Module):
         """
         h = self.norm1(x) if self.norm_first else x
         h, weights = self.self_attn(h, h, h, key_padding_mask=src_key_padding_mask, need_weights=need_weights)
-        x = _residual(x, self.dropout(h), self.norm1, self.norm_first)
+        x = residual(x, self.dropout(h), self.norm1, self.norm_first)
         h = self.feed_forward(self.norm2(x) if self.norm_first else x)
-        return _residual(x, self.dropout(h), self.norm2, self.norm_first), weights
+        return residual(x, self.dropout(h), self.norm2, self.norm_first), weights
 
 
 class DecoderLayer(nn.Module):
@@ -188,10 +196,10 @@ class DecoderLayer(nn.Module):
         h = self.norm1(x) if self.norm_first else x
         h, self_weights = self.self_attn(h, h, h, key_padding_mask=tgt_key_padding_mask, attn_mask=attn_mask,
                                          is_causal=is_causal, cache=self_cache, need_weights=need_weights)
-        x = _residual(x, self.dropout(h), self.norm1, self.norm_first)
+        x = residual(x, self.dropout(h), self.norm1, self.norm_first)
         h = self.norm2(x) if self.norm_first else x
         h, cross_weights = self.cross_attn(h, memory, memory, key_padding_mask=memory_key_padding_mask,
                                            cache=cross_cache, need_weights=need_weights)
-        x = _residual(x, self.dropout(h), self.norm2, self.norm_first)
+        x = residual(x, self.dropout(h), self.norm2, self.norm_first)
         h = self.feed_forward(self.norm3(x) if self.norm_first else x)
-        return _residual(x, self.dropout(h), self.norm3, self.norm_first), self_weights, cross_weights
+        return residual(x, self.dropout(h), self.norm3, self.norm_first), self_weights, cross_weights

@@ -22,32 +22,37 @@ from .layers import DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, To
 
 @dataclass
 class DecoderCache:
-    """Per-layer key/value caches for incremental decoding, and how many positions were decoded.
+    """What incremental decoding keeps between steps: per-layer key/value caches, the memory, and the length.
 
     Attributes:
         self_attention: one appending `KVCache` per decoder layer.
-        cross_attention: one static `KVCache` per decoder layer (memory projected once).
+        cross_attention: one static `KVCache` per decoder layer (the memory projected once).
+        memory: `(batch, src_len, d_model)` encoder output, one row per decoded row.
+        memory_key_padding_mask: `(batch, src_len)` bool, True at source padding, or None.
         length: positions already decoded (the next position's index).
     """
 
     self_attention: list[KVCache]
     cross_attention: list[KVCache]
+    memory: Optional[Tensor] = None
+    memory_key_padding_mask: Optional[Tensor] = None
     length: int = 0
 
-    def select(self, index: Tensor, cross_index: Optional[Tensor] = None) -> None:
-        """Keep, reorder or repeat batch rows: new row i of the self-attention caches is old row `index[i]`, and
-        of the encoder-decoder caches old row `cross_index[i]`.
+    def select(self, index: Tensor, memory_index: Optional[Tensor] = None) -> None:
+        """Keep, reorder or repeat rows: new row i is old row `index[i]` (beam search's reordering, sentences that
+        finished leaving the batch).
 
         Args:
-            index: `(new_batch,)` LongTensor for the self-attention caches.
-            cross_index: `(new_memory_batch,)` LongTensor for the encoder-decoder caches, or None to leave them
-                (beam search: beams reordered within their sentences share its memory rows).
+            index: `(new_batch,)` LongTensor.
+            memory_index: which sentences stay, for decoders that keep one memory row per sentence (see
+                `decoding.IncrementalDecoder`); here every row has its own memory row, so `index` says it all.
         """
-        for cache in self.self_attention:
+        for cache in self.self_attention + self.cross_attention:
             cache.select(index)
-        if cross_index is not None:
-            for cache in self.cross_attention:
-                cache.select(cross_index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+        if self.memory_key_padding_mask is not None:
+            self.memory_key_padding_mask = self.memory_key_padding_mask.index_select(0, index)
 
 
 @dataclass
@@ -197,12 +202,10 @@ class Transformer(nn.Module):
 
         Args:
             tgt_in: `(batch, tgt_len)` LongTensor starting with bos; with a cache, only the new position(s).
-            memory: `(batch, src_len, d_model)` from `encode`, or `(batch / g, src_len, d_model)` shared by each
-                g consecutive rows of tgt_in (the beams of one sentence).
-            memory_key_padding_mask: `(batch, src_len)` bool, True at source padding (None: no padding); as many
-                rows as memory.
+            memory: `(batch, src_len, d_model)` from `encode`.
+            memory_key_padding_mask: `(batch, src_len)` bool, True at source padding (None: no padding).
             tgt_key_padding_mask: `(batch, tgt_len)` bool, True at target padding (optional, see module doc).
-            cache: from `new_cache()`, for incremental decoding; updated in place.
+            cache: from `new_cache`, for incremental decoding; updated in place.
 
         Returns:
             logits `(batch, tgt_len, tgt_vocab_size)` (unnormalised, before softmax).
@@ -261,11 +264,37 @@ class Transformer(nn.Module):
         hidden = self.decoder(tgt_in, memory, src_key_padding_mask, weights=weights)
         return self.output_projection(hidden), weights
 
-    def new_cache(self) -> DecoderCache:
-        """An empty `DecoderCache` for incremental decoding with `decode(..., cache=...)`."""
+    def new_cache(self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,
+                  beam_size: int = 1) -> DecoderCache:
+        """An empty `DecoderCache` for incremental decoding of `memory`, each sentence on beam_size rows.
+
+        Args:
+            memory: `(batch, src_len, d_model)` from `encode`.
+            memory_key_padding_mask: `(batch, src_len)` bool, True at source padding, or None.
+            beam_size: consecutive decoder rows per sentence (the memory row is repeated for each).
+
+        Returns:
+            the cache, for `decode(..., cache=cache)` with `cache.memory` or for `decode_step`.
+        """
         n = self.config.n_decoder_layers
-        return DecoderCache([KVCache() for _ in range(n)], [KVCache(is_static=True) for _ in range(n)])
+        mask = memory_key_padding_mask
+        if beam_size > 1:
+            memory = memory.repeat_interleave(beam_size, dim=0)  # (batch * beam_size, src_len, d_model)
+            mask = None if mask is None else mask.repeat_interleave(beam_size, dim=0)
+        return DecoderCache([KVCache() for _ in range(n)], [KVCache(is_static=True) for _ in range(n)], memory, mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """One step of incremental decoding: the next position of every row (`decoding.IncrementalDecoder`).
+
+        Args:
+            tokens: `(rows,)` LongTensor, each row's previous output token (bos at the first step).
+            cache: from `new_cache`; updated in place.
+
+        Returns:
+            logits `(rows, tgt_vocab_size)` for the next token.
+        """
+        return self.decode(tokens[:, None], cache.memory, cache.memory_key_padding_mask, cache=cache)[:, -1]
 
     def num_parameters(self) -> int:
-        """Number of distinct trainable parameters (tied matrices counted once)."""
+        """Number of distinct parameters, trainable or not (tied matrices counted once)."""
         return sum(p.numel() for p in self.parameters())
