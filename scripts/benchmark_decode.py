@@ -1,15 +1,14 @@
-"""Decoding speed: greedy and beam search, with and without the key/value cache, at two batch sizes, and side by
-side with CTranslate2.
+"""Decoding speed: greedy and beam search at two batch sizes, side by side with CTranslate2.
 
 Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
-        [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64] [--no-uncached]
+        [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64]
         [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N]
         [--interleave] [--system-malloc] [--profile N]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
-pieces (eos forbidden before 20, cut at 20), the protocol of `../shared/peers` that compares engines on equal work
-whatever their models say. With --ctranslate2 DIR (a folder from `transformer export`), the same modes run through
+pieces (eos forbidden before 20, cut at 20), so that engines are compared on equal work whatever their models
+say. With --ctranslate2 DIR (a folder from `transformer export`), the same modes run through
 `ctranslate2.Translator.translate_batch` on the same source pieces with the same threads, and the summary gives our
 speed over CTranslate2's per mode and batch size. With --int8 our decoder also runs with int8 dynamically quantized
 linear layers (`Translator(..., quantization="int8")`, engine "ours int8"), and with --compile with the decoding
@@ -18,7 +17,7 @@ rounds), compared the same way.
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:
-    {"mode": "beam4", "cache": true, "batch_size": 64, "sentences": 1000, "seconds": ..,
+    {"engine": "ours", "mode": "beam4", "batch_size": 64, "sentences": 1000, "seconds": ..,
      "sentences_per_s": .., "tgt_tokens_per_s": .., "threads": 2}
 tgt_tokens_per_s counts the output tokens (eos included) per second of decoding, tokenization excluded. Neither
 engine is asked for scores (CTranslate2's default, `return_scores=False`; ours `decode_ids(..., scores=False)`, as
@@ -26,8 +25,8 @@ engine is asked for scores (CTranslate2's default, `return_scores=False`; ours `
 without a log-softmax; beam search needs the log-probabilities either way.
 Like `transformer translate`, it first calls `transformer.device.reuse_freed_memory` (glibc keeps freed memory
 for reuse instead of re-faulting its pages); --system-malloc skips that, to measure what it changes.
-A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed, the cache speed-up of
-each mode at each batch size, and our speed over CTranslate2's (fastest round against fastest round; with
+A last line {"summary": ...} gives, over the --repeat rounds, each setting's fastest speed and our speed over
+CTranslate2's (fastest round against fastest round; with
 --interleave also each round's ratio, both engines timed in that round).
 With --workers N (default 1) both engines decode N batches at once, each on threads / N threads: ours through
 `Translator(..., workers=N)`, CTranslate2 with inter_threads=N and intra_threads=threads / N.
@@ -70,14 +69,13 @@ def mode_options(decoding: DecodingConfig, mode: str, batch_size: int) -> Decodi
     return options
 
 
-def run(translator: Translator, src_ids: list, mode: str, use_cache: bool, batch_size: int,
-        engine: str = "ours") -> dict:
+def run(translator: Translator, src_ids: list, mode: str, batch_size: int, engine: str = "ours") -> dict:
     options = mode_options(translator.config.decoding, mode, batch_size)
     start = time.perf_counter()
-    hyps = translator.decode_ids(src_ids, options, use_cache=use_cache, scores=False)
+    hyps = translator.decode_ids(src_ids, options, scores=False)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(h[0].tokens) + h[0].finished for h in hyps)
-    return {"engine": engine, "mode": mode, "cache": use_cache, "batch_size": batch_size, "sentences": len(src_ids),
+    return {"engine": engine, "mode": mode, "batch_size": batch_size, "sentences": len(src_ids),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(src_ids) / seconds, 1),
             "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
             "seconds_exact": seconds, "tokens": n_tokens}
@@ -94,7 +92,7 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
                                 max_decoding_length=cap, min_decoding_length=options.min_len)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(r.hypotheses[0]) for r in out)
-    return {"engine": name, "mode": mode, "cache": True, "batch_size": batch_size, "sentences": len(pieces),
+    return {"engine": name, "mode": mode, "batch_size": batch_size, "sentences": len(pieces),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(pieces) / seconds, 1),
             "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
             "seconds_exact": seconds, "tokens": n_tokens}
@@ -103,7 +101,7 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
 def interleaved(ctranslate2_models: list, ours: list, pieces: Optional[list], src_ids: list,
                 decoding: DecodingConfig, mode: str, slice_size: int, batch_size: int) -> list[dict]:
     """One --interleave round of a setting: every engine decodes each slice of slice_size sentences (longest
-    first) in turn; per engine, the `run` fields with seconds and tokens summed over the slices (cached only)."""
+    first) in turn; per engine, the `run` fields with seconds and tokens summed over the slices."""
     order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))
     totals: dict[str, dict] = {}
     for start in range(0, len(order), slice_size):
@@ -113,7 +111,7 @@ def interleaved(ctranslate2_models: list, ours: list, pieces: Optional[list], sr
             if name.startswith("ctranslate2"):
                 result = run_ctranslate2(engine, name, [pieces[i] for i in part], decoding, mode, batch_size)
             else:
-                result = run(engine, [src_ids[i] for i in part], mode, True, batch_size, name)
+                result = run(engine, [src_ids[i] for i in part], mode, batch_size, name)
             total = totals.setdefault(name, {**result, "seconds": 0.0, "tokens": 0, "sentences": 0})
             total["seconds"] += result["seconds_exact"]
             total["tokens"] += result["tokens"]
@@ -136,7 +134,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--modes", default="greedy,beam4")
     parser.add_argument("--batch-sizes", default="1,64")
-    parser.add_argument("--no-uncached", action="store_true", help="skip the (slow) uncached runs")
     parser.add_argument("--ctranslate2", action="append", default=[], metavar="DIR",
                         help="also decode with this exported CTranslate2 model (repeatable, e.g. float32 and int8)")
     parser.add_argument("--int8", action="store_true", help="also decode with our int8-quantized model")
@@ -208,27 +205,22 @@ def main() -> None:
                 print(json.dumps(results[-1]), flush=True)
         for engine, decoder in ours:
             for mode, batch_size in settings:
-                for use_cache in ((True,) if args.no_uncached or engine != "ours" else (True, False)):
-                    result = public(run(decoder, src_ids, mode, use_cache, batch_size, engine))
-                    results.append({**result, "round": round_index})
-                    print(json.dumps(results[-1]), flush=True)
+                result = public(run(decoder, src_ids, mode, batch_size, engine))
+                results.append({**result, "round": round_index})
+                print(json.dumps(results[-1]), flush=True)
     best: dict[tuple, dict] = {}
     for r in results:
-        key = (r["engine"], r["mode"], r["batch_size"], r["cache"])
+        key = (r["engine"], r["mode"], r["batch_size"])
         if key not in best or r["seconds"] < best[key]["seconds"]:
             best[key] = r
-    speedups, ratios, fastest = {}, {}, {}
-    for (engine, mode, batch_size, cache), r in best.items():
-        fastest[f"{engine} {mode} batch{batch_size}{'' if cache else ' uncached'}"] = r["sentences_per_s"]
+    ratios, fastest = {}, {}
+    for (engine, mode, batch_size), r in best.items():
+        fastest[f"{engine} {mode} batch{batch_size}"] = r["sentences_per_s"]
         if engine.startswith("ctranslate2"):
             for mine, _ in ours:
                 ratios[f"{mine.replace(' ', '_')}_over_{engine.split()[-1]}_{mode}_batch{batch_size}"] = round(
-                    r["seconds"] / best[(mine, mode, batch_size, True)]["seconds"], 2)
-        elif not cache:
-            cached = best[(engine, mode, batch_size, True)]
-            speedups[f"{mode}_batch{batch_size}"] = round(r["seconds"] / cached["seconds"], 2)
-    summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "cache_speedup": speedups,
-               "speed_ours_over_ctranslate2": ratios}
+                    r["seconds"] / best[(mine, mode, batch_size)]["seconds"], 2)
+    summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "speed_ours_over_ctranslate2": ratios}
     if args.interleave:  # both engines of a ratio measured in the same round: each round's ratio
         per_round: dict[str, list] = {}
         for r in results:
@@ -244,7 +236,7 @@ def main() -> None:
         options = mode_options(translator.config.decoding, mode, batch_size)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
-            translator.decode_ids(src_ids, options, use_cache=True, scores=False)
+            translator.decode_ids(src_ids, options, scores=False)
             seconds = time.perf_counter() - start
         events = prof.key_averages()
         # self times of aten:: operators only: other events (autograd functions, profiler records) nest them

@@ -82,7 +82,7 @@ def test_translate_with_two_workers_writes_the_same(trained_run, multi30k_subset
         outputs.append(out.read_text())
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 40
     result = run_cli("translate", "--checkpoint", ckpt, "--workers", "0", "Ein Hund läuft.")
-    assert result.returncode == 2 and "--workers must be at least 1, got 0" in result.stderr
+    assert result.returncode == 2 and "--workers 0: must be at least 1" in result.stderr
 
 
 def test_translate_and_evaluate_read_text_by_the_one_set_of_rules(trained_run, tmp_path, capsys):

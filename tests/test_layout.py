@@ -1,5 +1,6 @@
-"""The layout the README promises: the inference path stands without the training package, modules stay small,
-and the training loop is the first thing `trainer.py` defines."""
+"""The layout the README promises: each module imports only from modules above it in `ORDER` (the README's "Where
+things are" table), the inference path stands without the training package, private PyTorch APIs stay in
+`transformer/fast/`, modules stay small, and the training loop is the first thing `trainer.py` defines."""
 
 import ast
 import subprocess
@@ -7,34 +8,99 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
+ROOT = PACKAGE.parent
+# The dependency order, top to bottom (the README's table follows it); a package's __init__ comes after its modules.
+ORDER = [
+    "config.sections", "config.loading", "config", "device",
+    "model.dropout", "model.attention", "model.layers", "model.transformer", "model",
+    "fast.reductions", "fast.cache", "fast.layout", "fast.cpu", "fast.compiled", "fast",
+    "tokenizer", "data.text", "data.datasets", "data.batching", "data.token_cache", "data", "checkpoint",
+    "decoding.interface", "decoding.greedy", "decoding.beam", "decoding", "translate", "evaluate", "ct2",
+    "attention_plot", "serve.batching", "serve.app", "serve.server", "serve",
+    "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
+    "training.checkpoint", "training.validate", "training.trainer", "training",
+    "", "cli", "__main__",
+]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
                      "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model",
-                     "transformer.serve"]
+                     "transformer.fast", "transformer.serve"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import of a package module in `path`, relative or absolute, at any depth."""
+    name = _module_name(path).split(".") if _module_name(path) else []
+    here = name if path.name == "__init__.py" else name[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[:len(here) - node.level + 1]
+            found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformer":
+            found.append((node.lineno, node.module.removeprefix("transformer").lstrip(".")))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.removeprefix("transformer").lstrip("."))
+                      for a in node.names if a.name.split(".")[0] == "transformer"]
+    return found
+
+
+def test_each_module_imports_only_from_modules_above_it():
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    assert set(modules) == set(ORDER), f"place new modules in ORDER: {set(modules) ^ set(ORDER)}"
+    for name, path in modules.items():
+        for line, target in _imports(path):
+            assert target in ORDER, f"{path.relative_to(ROOT)}:{line} imports unknown module {target!r}"
+            assert ORDER.index(target) < ORDER.index(name), (
+                f"{path.relative_to(ROOT)}:{line} imports {target or 'transformer'}, which comes after it")
+
+
+def test_the_check_above_sees_imports():
+    """Guards the test above: it finds relative, absolute and function-level imports."""
+    assert (1, "model.layers") in [(1, t) for _, t in _imports(PACKAGE / "model" / "transformer.py")]
+    assert "training.trainer" in [t for _, t in _imports(PACKAGE / "cli.py")]  # imported inside a function
+    assert "fast" in [t for _, t in _imports(PACKAGE / "translate.py")]
 
 
 def test_the_inference_path_imports_nothing_from_training():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in INFERENCE_MODULES)
             + "print(sorted(m for m in sys.modules if m.startswith('transformer.training')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=PACKAGE.parent).stdout.strip()
+                         cwd=ROOT).stdout.strip()
     assert out == "[]", f"the inference path imports {out}"
 
 
-def test_no_module_imports_from_a_layer_above_it():
-    """Statically: nothing outside training/ (and the CLI, which dispatches to it) imports training/."""
-    for path in PACKAGE.rglob("*.py"):
-        relative = path.relative_to(PACKAGE)
-        if relative.parts[0] == "training" or relative.name == "cli.py":
-            continue
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and "training" in node.module.split("."):
-                raise AssertionError(f"{relative}:{node.lineno} imports {node.module}")
+def _private_torch(path: Path) -> list[str]:
+    """Uses of `torch._*` or `torch.ops.*` (attributes or imports) in a source file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch" and (
+                (node.attr.startswith("_") and not node.attr.endswith("__")) or node.attr == "ops"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} torch.{node.attr}")
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for n in names:
+            parts = n.split(".")
+            if parts[0] == "torch" and len(parts) > 1 and (parts[1].startswith("_") or parts[1] in ("ops", "ao")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {n}")
+    return found
+
+
+def test_private_torch_apis_only_in_the_speed_package():
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    outside = [use for p in sources if PACKAGE / "fast" not in p.parents for use in _private_torch(p)]
+    assert outside == []
+    inside = [use for p in (PACKAGE / "fast").rglob("*.py") for use in _private_torch(p)]
+    assert any("torch.ops" in use for use in inside) and any("torch._inductor" in use for use in inside)
 
 
 def test_modules_stay_readable():
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert max(sizes.values()) <= 420, {k: v for k, v in sizes.items() if v > 420}
+    assert sizes["model/attention.py"] <= 250
 
 
 def test_the_training_loop_comes_first_in_trainer():

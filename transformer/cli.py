@@ -45,14 +45,11 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
     group.add_argument("--max-len-b", type=int, help="see --max-len-a")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     group.add_argument("--quantization", choices=["int8"],
-                       help="int8: decode with int8 dynamically quantized linear layers (CPU; faster, see README)")
-    group.add_argument("--workers", type=int, default=1,
-                       help="batches decoded at once, each on the CPU threads divided by this (CPU; 2 on 2 cores "
-                            "decodes a file faster, see README)")
-    group.add_argument("--compile", action="store_true",
-                       help="decode with the decoder step compiled by torch.compile: faster per sentence after a "
-                            "one-time compile of 20-60 s (CPU; worth it for long files; needs a C++ compiler; see "
-                            "README)")
+                       help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)")
+    group.add_argument("--workers", type=int, default=1, help="batches decoded at once, each on the CPU threads "
+                       "divided by this (CPU; 2 on 2 cores decodes a file faster, see docs/decoding.md)")
+    group.add_argument("--compile", action="store_true", help="decode with the decoder step compiled by torch.compile: "
+                       "faster after a one-time compile of 20-60 s (CPU, float32; needs a C++ compiler)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,12 +169,15 @@ def _decoding_kwargs(args: argparse.Namespace) -> dict:
     return {key: getattr(args, key) for key in DECODING_FLAGS}
 
 
-def _as_typed(message: str) -> str:
-    """A decoding option's error names the flag the user typed (--n-best), not the config key (decoding.n_best)."""
-    match = re.match(r"decoding\.(\w+):", message)
-    if match and match.group(1) in (*DECODING_FLAGS, "n_best"):
-        return f"--{match.group(1).replace('_', '-')}:{message[match.end():]}"
-    return message
+def _as_typed(err: Exception, command: str) -> str:
+    """A user error in the flags the user typed: a library call's parameters (`OptionError`) as flags, and in
+    translate, evaluate and attention a decoding option (decoding.n_best) as its flag (--n-best)."""
+    if isinstance(err, OptionError):
+        return err.as_flags()
+    match = re.match(r"decoding\.(\w+):", str(err))
+    if command in ("translate", "evaluate", "attention") and match and match.group(1) in (*DECODING_FLAGS, "n_best"):
+        return f"--{match.group(1).replace('_', '-')}:{str(err)[match.end():]}"
+    return str(err)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -410,13 +410,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
-        if isinstance(err, OptionError):  # a library call's parameters, spelled as the flags that set them
-            message = err.as_flags()
-        elif args.command in ("translate", "evaluate", "attention"):
-            message = _as_typed(str(err))
-        else:
-            message = str(err)
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_as_typed(err, args.command)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
         if args.verbose:

@@ -83,34 +83,11 @@ def test_rejects_indivisible_heads():
         MultiHeadAttention(d_model=10, n_heads=4)
 
 
-def test_kv_cache_appends_and_selects_like_concatenation():
-    """The preallocated cache holds what torch.cat and index_select would, across growth and beam reordering."""
-    g = torch.Generator().manual_seed(0)
-    cache, keys, values = KVCache(), None, None
-    for step in range(40):  # past the first capacity (16) and its doubling (32)
-        batch = 6 if step < 25 else 4
-        if step == 25:  # two rows leave, the rest are reordered
-            index = torch.tensor([5, 0, 2, 2])
-            cache.select(index)
-            keys, values = keys.index_select(0, index), values.index_select(0, index)
-        elif step % 3 == 0 and keys is not None:  # beams reordered within the batch
-            index = torch.randperm(batch, generator=g)
-            cache.select(index)
-            keys, values = keys.index_select(0, index), values.index_select(0, index)
-        new_len = 2 if step == 0 else 1
-        k, v = torch.randn(batch, 2, new_len, 8, generator=g), torch.randn(batch, 2, new_len, 8, generator=g)
-        keys = k if keys is None else torch.cat([keys, k], dim=2)
-        values = v if values is None else torch.cat([values, v], dim=2)
-        got_k, got_v = cache.append(k, v)
-        assert torch.equal(got_k, keys) and torch.equal(got_v, values), step
-    assert keys.shape == (4, 2, 41, 8)
-
-
 @pytest.mark.parametrize("fully_padded_row", [False, True], ids=["padding", "an-empty-source"])
-def test_cached_decoding_path_equals_the_explicit_path(fully_padded_row):
-    """Incremental decoding takes `_cached_attention` (scale and padding folded into one batched product): it gives
-    the explicit path's outputs for self-attention on the cache and for encoder-decoder attention with padding,
-    across a row selection; a source row that is all padding falls back to the explicit path (zeros, not NaN)."""
+def test_attention_on_the_cache_equals_attention_on_the_whole_prefix(fully_padded_row):
+    """Self-attention on the cache gives the last position of causal attention over the whole prefix, and
+    encoder-decoder attention on the static cache the attention to the memory, across a row selection; a source
+    row that is all padding attends to nothing (zeros, not NaN)."""
     self_attn, cross_attn = _attention(seed=1), _attention(seed=2)
     g = torch.Generator().manual_seed(3)
     memory = torch.randn(3, 6, 16, generator=g)
@@ -126,14 +103,12 @@ def test_cached_decoding_path_equals_the_explicit_path(fully_padded_row):
             memory, padding, prefix = memory[index], padding[index], prefix[index]
         x = torch.randn(3, 1, 16, generator=g)
         prefix = x if prefix is None else torch.cat([prefix, x], dim=1)
-        got_self, _ = self_attn(x, x, x, cache=self_cache)
+        got_self, _ = self_attn(x, x, x, cache=self_cache, is_causal=step == 0)
         expected_self, _ = self_attn(prefix, prefix, prefix, need_weights=True,
                                      attn_mask=causal_mask(prefix.size(1)))
         torch.testing.assert_close(got_self, expected_self[:, -1:], atol=1e-6, rtol=1e-6)
+        assert self_cache.key.shape == (3, 4, step + 1, 4)
         got, _ = cross_attn(x, memory, memory, key_padding_mask=padding, cache=cross_cache)
         expected, _ = cross_attn(x, memory, memory, key_padding_mask=padding, need_weights=True)
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
         assert torch.isfinite(got).all()
-        assert (cross_cache.padding_bias is None) == fully_padded_row
-        if not fully_padded_row:  # 0 at real keys, -inf at padding, for each head
-            assert torch.equal(cross_cache.padding_bias.isneginf(), padding[:, None, None, :].expand(-1, 4, 1, -1))

@@ -64,15 +64,15 @@ def test_cached_incremental_decoding_equals_full_pass(model):
     src_mask = model.src_key_padding_mask(src)
     memory = model.encode(src, src_mask)
     full = model.decode(tgt_in, memory, src_mask)
-    cache = model.new_cache()
+    cache = model.new_cache(memory, src_mask)
     for t in range(9):
-        step = model.decode(tgt_in[:, t:t + 1], memory, src_mask, cache=cache)
-        assert step.shape == (3, 1, 29)
-        torch.testing.assert_close(step[:, 0], full[:, t], atol=ATOL, rtol=0)
+        step = model.decode_step(tgt_in[:, t], cache)
+        assert step.shape == (3, 29)
+        torch.testing.assert_close(step, full[:, t], atol=ATOL, rtol=0)
     assert cache.length == 9
     assert cache.self_attention[0].key.shape == (3, 4, 9, 8)
     # Several new positions at once after a cached prefix (offset causal mask).
-    cache = model.new_cache()
+    cache = model.new_cache(memory, src_mask)
     model.decode(tgt_in[:, :4], memory, src_mask, cache=cache)
     rest = model.decode(tgt_in[:, 4:], memory, src_mask, cache=cache)
     torch.testing.assert_close(rest, full[:, 4:], atol=ATOL, rtol=0)
@@ -84,31 +84,26 @@ def test_cache_select_reorders_rows(model):
     mask = model.src_key_padding_mask(src)
     memory = model.encode(src, mask)
     full = model.decode(tgt_in, memory, mask)
-    cache = model.new_cache()
+    cache = model.new_cache(memory, mask)
     model.decode(tgt_in[:, :2], memory, mask, cache=cache)
     index = torch.tensor([1, 0, 1])
     cache.select(index, index)
-    rest = model.decode(tgt_in[index, 2:], memory[index], mask[index], cache=cache)
+    assert torch.equal(cache.memory, memory[index]) and torch.equal(cache.memory_key_padding_mask, mask[index])
+    rest = torch.stack([model.decode_step(tgt_in[index, t], cache) for t in (2, 3)], dim=1)
     torch.testing.assert_close(rest, full[index, 2:], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("use_cache", [False, True], ids=["full", "cached"])
-def test_hypotheses_sharing_one_memory_row_decode_as_with_their_own_copy(model, use_cache):
-    """Beam search keeps one memory row per sentence for its g beams (grouped encoder-decoder attention)."""
+def test_a_cache_for_beams_gives_each_row_its_sentence(model):
+    """`new_cache(..., beam_size=g)`: rows i*g .. i*g + g-1 decode sentence i, as with the memory repeated."""
     src = random_tokens(2, 6, 23, lengths=[6, 3])
     mask = model.src_key_padding_mask(src)
     memory = model.encode(src, mask)
     g = 3
     tgt_in = random_tokens(2 * g, 5, 29, seed=4)
     repeated = model.decode(tgt_in, memory.repeat_interleave(g, 0), mask.repeat_interleave(g, 0))
-    if not use_cache:
-        shared = model.decode(tgt_in, memory, mask)
-    else:
-        cache = model.new_cache()
-        shared = torch.cat([model.decode(tgt_in[:, t:t + 1], memory, mask, cache=cache) for t in range(5)], dim=1)
-    torch.testing.assert_close(shared, repeated, atol=ATOL, rtol=0)
-    with pytest.raises(ValueError, match="whole number"):
-        model.decode(tgt_in[:5], memory, mask)
+    cache = model.new_cache(memory, mask, beam_size=g)
+    stepped = torch.stack([model.decode_step(tgt_in[:, t], cache) for t in range(5)], dim=1)
+    torch.testing.assert_close(stepped, repeated, atol=ATOL, rtol=0)
 
 
 def test_explicit_attention_path_equals_fused_path(model):

@@ -292,3 +292,10 @@ class CompiledDecoder:
         cache.self_kv[cache.length] = new_kv
         cache.length += 1
         return logits[:rows]
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has compiled in this process so far (a count that only grows)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]

@@ -127,25 +127,15 @@ class KVCache:
     is_static: bool = False
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the keys and values of new positions after the cached ones.
-
-        Args:
-            key, value: `(batch, n_heads, new_len, d_head)`.
-
-        Returns:
-            every cached key and value, `(batch, n_heads, cached_len + new_len, d_head)` each.
-        """
+        """Store new positions' keys and values `(batch, n_heads, new_len, d_head)` after the cached ones; returns
+        every cached key and value, `(batch, n_heads, cached_len + new_len, d_head)` each."""
         if self.key is not None:
             key, value = torch.cat([self.key, key], dim=2), torch.cat([self.value, value], dim=2)
         self.key, self.value = key, value
         return key, value
 
     def select(self, index: Tensor) -> None:
-        """Keep (and reorder, repeat) batch rows: row i becomes old row `index[i]`.
-
-        Args:
-            index: `(new_batch,)` LongTensor of row indices.
-        """
+        """Keep (and reorder, repeat) batch rows: row i becomes old row `index[i]` (index: `(new_batch,)`)."""
         if self.key is not None:
             self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
 
