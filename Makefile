@@ -1,4 +1,5 @@
-# Entry points. `make train` trains and evaluates the Multi30k de->en recipe; `make test` runs the tests.
+# Entry points. `make train` trains and evaluates the Multi30k de->en recipe; `make test` runs every test (as CI does),
+# `make test-fast` the quick ones (not marked slow).
 PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
@@ -15,7 +16,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test lint train evaluate bench-decode bench-train bench-serve clean
+.PHONY: install browser test test-fast lint train evaluate bench-decode bench-train bench-serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,9 @@ browser:
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check transformer tests scripts

@@ -33,6 +33,16 @@ def random_tokens(batch: int, length: int, vocab: int, lengths: list[int] | None
     return tokens
 
 
+SLOW_FIXTURES = {"trained_run", "multi30k_subset"}
+"""Tests that use these (a model trained through the CLI, real data) are marked slow: `make test-fast` skips them."""
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
 def model(request) -> Transformer:
     return tiny_model(norm_first=request.param)

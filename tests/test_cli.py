@@ -235,6 +235,7 @@ def test_unreachable_vocabulary_size_names_the_largest_that_works(tmp_path):
     assert "data.vocab_size=8000" in result.stderr and "the largest size that works on this data is" in result.stderr
 
 
+@pytest.mark.slow
 def test_hf_dataset_direction_is_logged(tmp_path):
     rows = [{"translation": {"en": f"the house number {i}", "ro": f"casa numarul {i}"}} for i in range(300)]
     for split in ("train", "val"):

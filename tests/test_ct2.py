@@ -75,7 +75,7 @@ def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_su
             assert sum(x == y for x, y in zip(a, b)) >= 0.99 * len(src)
     # n-best scores on our scale (log-probabilities summed, eos included, over the GNMT penalty in beam search):
     # equal for the hypotheses both engines found (at α 2.0 this weak model's beam outputs differ between the two
-    # engines' length normalisations, README "Streaming input, and deploying with CTranslate2")
+    # engines' length normalisations, docs/decoding.md)
     for beam_size, alpha in ((1, 0.0), (4, 0.6), (4, 1.0)):
         a = ours.translate_n_best(src[:30], n_best=1, beam_size=beam_size, length_penalty=alpha)
         b = theirs.translate_n_best(src[:30], n_best=1, beam_size=beam_size, length_penalty=alpha)

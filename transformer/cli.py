@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantization", choices=["int8"], help="int8: int8 dynamically quantized linear layers (CPU)")
     serve.add_argument("--compile", action="store_true",
                        help="decode with the decoder step compiled by torch.compile, compiled before serving "
-                            "(20-60 s at start; CPU; needs a C++ compiler; see README)")
+                            "(20-60 s at start; CPU; needs a C++ compiler; see docs/serving.md)")
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)")
     serve.add_argument("--max-sentences", type=int, default=128, help="sentences per request (default 128)")
     serve.add_argument("--max-chars", type=int, default=2000, help="characters per sentence (default 2000)")

@@ -1,4 +1,5 @@
-"""Choosing the torch device from a config or command-line name, and the training precision for it."""
+"""The torch device from a config or command-line name, the training precision for it (`precision: auto`), and
+glibc's allocator set to reuse freed CPU memory (`reuse_freed_memory`, which the CLI calls at start)."""
 
 from __future__ import annotations
 
@@ -79,10 +80,10 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     """The concrete training precision for `name` ("auto", "fp32", "bf16" or "fp16") on `device`.
 
     "auto" gives bf16 on a CUDA device that supports it and fp32 on MPS. On a CPU it measures: bf16 autocast
-    pays only where bf16 matrix multiplications are fast (AMX or AVX-512 BF16 units that the kernels use); on
-    others it is slower than fp32 (measured 0.5x on an Intel Xeon with AVX-512 BF16 but no AMX, 1.6x on an
-    AMD Zen 4), so bf16 is chosen when a 1024^3 bf16 matmul is at least `BF16_MIN_SPEEDUP` times faster than
-    fp32 (about 0.1 s to measure; 2-3 s on a CPU without bf16 units, which emulates it). An explicit "bf16" on a
+    pays only where bf16 matrix multiplications are fast (AMX or AVX-512 BF16 units that the kernels use) and
+    can be slower than fp32 elsewhere, so bf16 is chosen when a 1024^3 bf16 matmul is at least
+    `BF16_MIN_SPEEDUP` times faster than fp32 (the measurement stops early where bf16 is emulated and slow).
+    An explicit "bf16" on a
     CPU is kept, and measured so that the log can warn when it is slower than fp32 there (a GPU recipe run on such
     a CPU). Any other name is returned as it is.
 
@@ -120,15 +121,10 @@ def reuse_freed_memory(mmap_threshold: int = 1 << 30) -> bool:
     glibc serves every allocation above 32 MB (its largest dynamic `M_MMAP_THRESHOLD`) with a fresh `mmap` and
     returns it with `munmap` on free, so the next one faults in every 4 KB page again, zero-filled by the kernel. A
     training step can allocate tensors that large (the big WMT14 model's feed-forward activations: 3,584 tokens x
-    4,096 x 4 bytes = 59 MB; the Multi30k recipe's `(tokens, vocab)` logits and their gradient, 116 MB each, until
-    the loss stopped building them). With allocations up to `mmap_threshold` bytes (1 GiB) taken from the heap and
+    4,096 x 4 bytes = 59 MB). With allocations up to `mmap_threshold` bytes (1 GiB) taken from the heap and
     the heap never trimmed, freed blocks are reused once the heap has settled (a few steps) and their pages stay
-    mapped. Measured on the recipe (`scripts/benchmark_train.py`, fp32, 2 threads, a 2-core KVM guest, 5 rounds
-    alternating with `--system-malloc`, before the loss stopped building logits): page faults per update
-    107,000-113,000 -> 0-1,600, CPU time in the kernel 0.31-0.36 -> 0.003-0.011 s per update (of about 4.9
-    CPU-seconds), wall time per update 2.46 against 2.55 s on average (-3.5%, inside that machine's +-15%
-    round-to-round noise); peak memory +8% (1.56 against 1.45 GB), because the process keeps its peak heap until it
-    exits. Outputs do not change (only where memory comes from).
+    mapped; the price is that the process keeps its peak heap until it exits. Outputs do not change (only where
+    memory comes from). Measured effect: docs/training.md.
 
     Does nothing (returns False) off glibc, or when the user tunes the allocator through one of `MALLOC_ENV_VARS`.
     Process-wide: the CLI and the benchmark scripts call it once at start.

@@ -14,6 +14,8 @@ from transformer.decoding import beam_search, greedy_decode
 from transformer.fast import CompiledDecoder, CPUDecoder
 from transformer.fast.compiled import StaticDecoderCache
 
+pytestmark = pytest.mark.slow  # each search compiles once for the module
+
 VOCAB = 10  # eos (1 in 10) ends hypotheses of a random model, so that searches prune finished sentences
 # Greedy's layout (one row per sentence), past the first capacity: rows reordered and one repeated, two sentences
 # leaving, one left (held twice in the buffers).

@@ -238,6 +238,7 @@ def test_config_is_validated_on_creation(changes, key):
         tiny_config(**changes)
 
 
+@pytest.mark.slow
 def test_learns_to_copy():
     """A small model learns to copy random sequences: the training loss falls below 0.15 in 300 steps."""
     torch.manual_seed(0)

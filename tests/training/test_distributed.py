@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict:
-    """The environment as it is now (the session's token-cache folder included, set by a fixture after import),
+    """The environment as it is now (the test run's token-cache folder included, set by a fixture after import),
     plus PYTHONFAULTHANDLER: a process that aborts (a C++ std::terminate, say) prints every thread's stack."""
     return {**os.environ, "PYTHONFAULTHANDLER": "1"}
 

@@ -24,7 +24,7 @@ concurrent processes build it once and a crash or a full disk never leaves a fol
 The cache folder is `data.cache_dir`, else `$TRANSFORMER_NMT_CACHE`, else `~/.cache/transformer-nmt`.
 
 Why our own numpy format rather than `datasets`' Arrow tables, which the project also depends on: measured on a
-4.5M-pair corpus on 2 cores (README, "Training at scale"), the two are level on what matters most: build time
+4.5M-pair corpus on 2 cores (docs/benchmarks.md), the two are level on what matters most: build time
 (`load_dataset("text")` + `map(num_proc=2)` + `save_to_disk`: 168-171 s; ours 157 s; sentencepiece is 85-90% of
 both) and gathering a batch of 130 pairs (1.4 ms through `ds[idx]`; ours 1.4-1.6 ms). `datasets` leaves 1.7 GB of
 intermediate Arrow files (the text copy and the map output) beside its 0.54 GB result and runs three processes;

@@ -39,7 +39,7 @@ from .cpu import CPUDecoder
 def _mark_dynamic(tensor: Tensor, *dims: int) -> None:
     """Tell torch.compile that these sizes of `tensor` change between calls (rows, decoded positions, source
     length), so that it compiles one step for all of them instead of one per size. Marked where the tensors are
-    made (about 10 us a tensor)."""
+    made, not at every step (each mark has a cost)."""
     torch._dynamo.mark_dynamic(tensor, list(dims))
 
 
@@ -150,7 +150,7 @@ class _DecoderStep(nn.Module):
             position: 0-dim LongTensor, the index of the new position.
             self_kv: `(n, 2 * n_layers, rows, n_heads, d_head)`, `StaticDecoderCache.prefix()`: the decoded
                 positions (those from `position` on are masked). Not written: the step is a pure function (a
-                buffer written inside the compiled code was copied whole at every step).
+                buffer written inside the compiled code would be copied whole at every step).
             cross_kv, cross_bias: as in `StaticDecoderCache`.
 
         Returns:

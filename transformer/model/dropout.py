@@ -1,8 +1,8 @@
 """Dropout (Srivastava et al. 2014; the Transformer's P_drop, Vaswani et al. 2017 §5.4) with a faster CPU mask.
 
 `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`: one 32-bit Mersenne-Twister number per
-element, converted and compared one at a time on one thread. In Multi30k training on a 2-core CPU that was 9% of
-every update (26 masks per update). Here the mask comes from 16 random bits per element instead: one 64-bit draw
+element, converted and compared one at a time on one thread, a noticeable share of a CPU training step
+(docs/training.md). Here the mask comes from 16 random bits per element instead: one 64-bit draw
 gives four elements, and the comparison runs vectorised. Element i is kept when its 16 bits, read as a signed
 integer r_i, satisfy r_i >= round(p * 65536) - 32768, i.e. with probability 1 - round(p * 65536) / 65536: the
 drop rate is p rounded to a multiple of 1/65,536 (0.1 becomes 0.1000061). Kept elements are scaled by
@@ -34,7 +34,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
 
     Args:
         shape: the mask's shape.
-        p: drop probability, in [0, 1]; used rounded to a multiple of 1/65,536.
+        p: drop probability, in [0, 1); used rounded to a multiple of 1/65,536.
         device: where to draw it.
 
     Returns:
