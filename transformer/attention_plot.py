@@ -2,10 +2,11 @@
 
     transformer attention --checkpoint CKPT "Eine Frau spielt Gitarre." --out attention.png
 
-The sentence is translated, then the model is run once more over its own output through the explicit
-attention path (`Transformer.forward_with_attention`). Teacher-forcing the model's own output reproduces
-exactly the attention of the incremental decoder (cached decoding equals the full pass; tested), so these are
-the weights the model used to translate.
+The sentence is translated, then the (float32) model is run once more over its own output through the explicit
+attention path (`Transformer.forward_with_attention`). Teacher-forcing the model's own output reproduces the
+attention of the incremental decoder (cached decoding equals the full pass, to float rounding; tested), so these
+are the weights the model used to translate (with `--quantization int8`, those of the float32 model it was
+quantized from).
 
 JSON format (`--format json`), n = n_heads, S = source pieces (eos included), T = target pieces + 1:
     translation      the output text

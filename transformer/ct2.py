@@ -235,40 +235,41 @@ class CTranslate2Translator:
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output); with
         scores=False CTranslate2 does not compute them and each score is NaN."""
-        o = self.decoding_options(n_best=n_best, **options)
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] * o.n_best for _ in sentences]
+        opts = self.decoding_options(n_best=n_best, **options)
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in sentences]
         texts = [s.strip() for s in sentences]
         kept = [i for i, t in enumerate(texts) if t]
         limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
         pieces = {i: p[:limit] for i, p in zip(kept, self.tokenizer.src.encode([texts[i] for i in kept],
                                                                                out_type=str))}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
-        for start in range(0, len(order), o.batch_size):
-            chunk = order[start:start + o.batch_size]
+        for start in range(0, len(order), opts.batch_size):
+            chunk = order[start:start + opts.batch_size]
             source = [pieces[i] for i in chunk]
-            caps = [max_output_length(len(p) + 1, o.max_len_a, o.max_len_b, self.config.model.max_positions)
+            caps = [max_output_length(len(p) + 1, opts.max_len_a, opts.max_len_b, self.config.model.max_positions)
                     for p in source]
             out = self.model.translate_batch(
-                source, beam_size=o.beam_size, length_penalty=o.length_penalty if o.beam_size > 1 else 0.0,
-                num_hypotheses=o.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=o.min_len,
-                return_scores=False, max_batch_size=o.batch_size)
+                source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
+                num_hypotheses=opts.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
+                return_scores=False, max_batch_size=opts.batch_size)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
-            hyp_scores = self._scores(source, hyps, o) if scores else [[float("nan")] * len(h) for h in hyps]
+            hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
             for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
                 results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h]), score)
                               for h, score in zip(sentence_hyps, sentence_scores)]
         return results
 
-    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]], o: DecodingConfig) -> list[list[float]]:
+    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]],
+                options: DecodingConfig) -> list[list[float]]:
         """Our score of each hypothesis (as `Hypothesis.score`): the sum of its tokens' log-probabilities, eos
         included, divided by the GNMT length penalty ((5 + |Y|) / 6)^α in beam search (`decoding/beam.py`).
         CTranslate2's own scores divide by |Y|^α instead, so the tokens are scored again (`score_batch`)."""
         pairs = [(src, h) for src, sentence_hyps in zip(source, hyps) for h in sentence_hyps]
         scored = self.model.score_batch([src for src, _ in pairs], [h for _, h in pairs],
-                                        max_batch_size=o.batch_size)
-        flat = [sum(r.log_probs) / (gnmt_length_penalty(len(r.log_probs), o.length_penalty)
-                                    if o.beam_size > 1 else 1.0) for r in scored]
+                                        max_batch_size=options.batch_size)
+        flat = [sum(r.log_probs) / (gnmt_length_penalty(len(r.log_probs), options.length_penalty)
+                                    if options.beam_size > 1 else 1.0) for r in scored]
         it = iter(flat)
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 

@@ -108,9 +108,9 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
     """
     limits = limits or ServeLimits()
     batcher = RequestBatcher(
-        lambda sentences, o: translator.translate_n_best(
-            sentences, n_best=o.n_best, beam_size=o.beam_size, length_penalty=o.length_penalty,
-            max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len),
+        lambda sentences, options: translator.translate_n_best(
+            sentences, n_best=options.n_best, beam_size=options.beam_size, length_penalty=options.length_penalty,
+            max_len_a=options.max_len_a, max_len_b=options.max_len_b, min_len=options.min_len),
         max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size, max_wait_ms=max_wait_ms)
     page = {route: ((STATIC / name).read_bytes(), media) for route, (name, media) in PAGE_FILES.items()}
     started = time.time()

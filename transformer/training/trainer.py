@@ -52,23 +52,22 @@ logger = logging.getLogger(__name__)
 def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar: tqdm) -> None:
     """Updates until max_steps (or max_epochs, or early stopping): learning rate, forward/backward, step, log,
     validate and checkpoint, step checkpoint; on SIGINT/SIGTERM save last.pt and raise `TrainingInterrupted`."""
-    t, data, dist = run.config.training, run.train_data, run.dist
+    training, data, dist = run.config.training, run.train_data, run.dist
     run.module.train()
     window_start = time.perf_counter()
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
     pin = run.device.type == "cuda"
-    while state.step < t.max_steps and not (t.max_epochs and state.epoch >= t.max_epochs):
+    while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
         batches = epoch_batches(data, run.config, state.epoch)
-        while state.batch_in_epoch < len(batches) and state.step < t.max_steps:
-            group = _next_update(run, batches, state)
-            if group is None:
+        while state.batch_in_epoch < len(batches) and state.step < training.max_steps:
+            update = _next_update(run, batches, state)  # the batches of one update, over all processes
+            if update is None:
                 break
-            n_tokens = int(sum(data.tgt_lengths[g].sum() for g in group))  # over all processes
-            mine = group[dist.rank::dist.world_size]  # this process's share
-            made = [data.batch(g) for g in mine]
-            made = [(b.pin_memory() if pin else b).to(run.device) for b in made]
-            set_lr(run.optimizer, learning_rate(state.step + 1, t, run.config.model.d_model))
-            result = train_step(run.module, run.optimizer, made, run.config, n_tokens, dist.world_size, run.scaler)
+            n_tokens = int(sum(data.tgt_lengths[indices].sum() for indices in update))  # over all processes
+            my_share = [data.batch(indices) for indices in update[dist.rank::dist.world_size]]
+            my_share = [(b.pin_memory() if pin else b).to(run.device) for b in my_share]
+            set_lr(run.optimizer, learning_rate(state.step + 1, training, run.config.model.d_model))
+            result = train_step(run.module, run.optimizer, my_share, run.config, n_tokens, dist.world_size, run.scaler)
             state.step += 1
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
             if result is None:
@@ -77,18 +76,18 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
                 state.nonfinite_in_a_row = 0
                 state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
                 state.window_nll = state.window_nll + result[1]
-                state.window_tokens += sum(b.n_tgt_tokens for b in made)
-                state.window_src_tokens += sum(b.n_src_tokens for b in made)
+                state.window_tokens += sum(b.n_tgt_tokens for b in my_share)
+                state.window_src_tokens += sum(b.n_src_tokens for b in my_share)
             bar.update(1)
-            if state.step % t.log_every_steps == 0:
+            if state.step % training.log_every_steps == 0:
                 _log_window(run, time.perf_counter() - window_start, state, bar)
                 window_start = time.perf_counter()
-            if state.step % t.eval_every_steps == 0 or state.step >= t.max_steps:
+            if state.step % training.eval_every_steps == 0 or state.step >= training.max_steps:
                 valid_start = time.perf_counter()
                 if _validate_and_save(run, state):
                     return  # early stopping
                 window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
-            elif t.save_every_steps and state.step % t.save_every_steps == 0 and dist.is_main:
+            elif training.save_every_steps and state.step % training.save_every_steps == 0 and dist.is_main:
                 save_start = time.perf_counter()
                 save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
                                          keep_step_checkpoint=True)
@@ -103,7 +102,7 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
-    if state.step % t.eval_every_steps and state.step < t.max_steps:  # stopped by max_epochs
+    if state.step % training.eval_every_steps and state.step < training.max_steps:  # stopped by max_epochs
         _validate_and_save(run, state)
 
 
@@ -297,12 +296,12 @@ def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState)
     """The batches of the next update over all processes, or None when the epoch's rest cannot give every
     process a batch (that short tail is skipped)."""
     size = run.config.training.accumulate_steps * run.dist.world_size
-    group = batches[state.batch_in_epoch:state.batch_in_epoch + size]
-    if len(group) < run.dist.world_size:
+    update = batches[state.batch_in_epoch:state.batch_in_epoch + size]
+    if len(update) < run.dist.world_size:
         state.batch_in_epoch = len(batches)
         return None
-    state.batch_in_epoch += len(group)
-    return group
+    state.batch_in_epoch += len(update)
+    return update
 
 
 def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
