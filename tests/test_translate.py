@@ -159,5 +159,5 @@ def test_concurrent_worker_calls_take_turns_with_the_thread_count(trained_run, t
 
 @pytest.mark.parametrize("workers", [0, -1])
 def test_bad_worker_counts_are_refused(trained_run, workers):
-    with pytest.raises(ConfigError, match="workers=0: must be at least 1"):
+    with pytest.raises(ConfigError, match=f"workers={workers}: must be at least 1"):
         Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt", workers=workers)

@@ -23,15 +23,12 @@ concurrent processes build it once and a crash or a full disk never leaves a fol
 
 The cache folder is `data.cache_dir`, else `$TRANSFORMER_NMT_CACHE`, else `~/.cache/transformer-nmt`.
 
-Why our own numpy format rather than `datasets`' Arrow tables, which the project also depends on: measured on a
-4.5M-pair corpus on 2 cores (docs/benchmarks.md), the two are level on what matters most: build time
-(`load_dataset("text")` + `map(num_proc=2)` + `save_to_disk`: 168-171 s; ours 157 s; sentencepiece is 85-90% of
-both) and gathering a batch of 130 pairs (1.4 ms through `ds[idx]`; ours 1.4-1.6 ms). `datasets` leaves 1.7 GB of
-intermediate Arrow files (the text copy and the map output) beside its 0.54 GB result and runs three processes;
-pyarrow's own `take` on the result costs 105 ms per batch; and reuse of a `map` result keys on a hash of the
-mapping function (for a sentencepiece model loaded in the workers, on its path rather than its content). Two flat
-arrays with offsets, written by one process, are the simplest thing to key on the tokenizer's content, to make
-atomic and to check for truncation. The choice is close; this is why it went this way.
+Why our own numpy format rather than `datasets`' Arrow tables, which the project also depends on: the two build
+and gather batches about equally fast (sentencepiece dominates building; docs/experiments.md), but `datasets`
+leaves large intermediate Arrow files beside its result, runs several processes, and keys the reuse of a `map`
+result on a hash of the mapping function (for a sentencepiece model loaded in the workers, on its path rather
+than its content). Two flat arrays with offsets, written by one process, are the simplest thing to key on the
+tokenizer's content, to make atomic and to check for truncation.
 """
 
 from __future__ import annotations
