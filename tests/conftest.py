@@ -95,7 +95,7 @@ def write_small_config(folder: Path, data_path: Path, **sections) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def token_cache_dir(tmp_path_factory) -> Path:
-    """Token caches of the whole session (in-process and subprocess runs) go to a temporary folder."""
+    """Token caches of the whole test run (in-process and subprocess runs) go to a temporary folder."""
     import os
 
     folder = tmp_path_factory.mktemp("token_cache")
