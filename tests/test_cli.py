@@ -324,7 +324,7 @@ def test_translate_and_evaluate_refuse_conflicting_files_before_work(trained_run
     assert "--split test and --src/--ref name two test sets" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(src), "--tokenize", "foo"]) == 2
     err = capsys.readouterr().err
-    assert "--tokenize 'foo': sacrebleu's BLEU tokenizers are" in err and "13a" in err
+    assert "--tokenize foo: sacrebleu's BLEU tokenizers are" in err and "13a" in err
 
 
 def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, capsys):

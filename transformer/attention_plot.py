@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from .config import BOS_ID, DecodingConfig
+from .config import BOS_ID, DecodingConfig, OptionError
 from .translate import Translator
 
 KINDS = ("cross", "encoder_self", "decoder_self")
@@ -35,8 +35,9 @@ TITLES = {"cross": "encoder-decoder attention", "encoder_self": "encoder self-at
           "decoder_self": "decoder self-attention"}
 
 
-class AttentionPlotError(ValueError):
-    """A bad --layer/--head/--kind value, or matplotlib is missing."""
+class AttentionPlotError(OptionError):
+    """A bad layer, head, kind or output suffix (named as parameters; the CLI spells them as flags), a sentence
+    too long for the model, or matplotlib missing."""
 
 
 def attention_for(translator: Translator, sentence: str, options: Optional[DecodingConfig] = None) -> dict:
@@ -112,7 +113,7 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
         rows, cols = _labels(data, kind)
         n_layers = len(data[kind])
         if not -n_layers <= layer < n_layers:
-            raise AttentionPlotError(f"--layer {layer}: the model has {n_layers} layers of {TITLES[kind]}")
+            raise AttentionPlotError(f"{{layer}}: the model has {n_layers} layers of {TITLES[kind]}", layer=layer)
         layer_weights = torch.tensor(data[kind][layer])  # (n_heads, q_len, k_len)
         for c, which in enumerate(columns):
             matrix = layer_weights.mean(0) if which == "mean" else layer_weights[which]
@@ -141,14 +142,14 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     translator = Translator.from_checkpoint(checkpoint, device=device)
     n_heads = translator.model.config.n_heads
     if head is not None and not 0 <= head < n_heads:
-        raise AttentionPlotError(f"--head {head}: the model has heads 0..{n_heads - 1}")
+        raise AttentionPlotError(f"{{head}}: the model has heads 0..{n_heads - 1}", head=head)
     kinds = KINDS if kind == "all" else (kind,)
     if kind != "all" and kind not in KINDS:
-        raise AttentionPlotError(f"--kind {kind!r}: expected all, {', '.join(KINDS)}")
+        raise AttentionPlotError(f"{{kind}}: expected all, {', '.join(KINDS)}", kind=kind)
     out_path = Path(out)
     fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
     if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise AttentionPlotError(f"--out {out}: the suffix must be .png, .svg or .pdf (or use --format json)")
+        raise AttentionPlotError("{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out)
     data = attention_for(translator, sentence, translator.decoding_options(beam_size=beam_size, n_best=1))
     if fmt == "json":
         out_path.parent.mkdir(parents=True, exist_ok=True)

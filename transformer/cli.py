@@ -324,10 +324,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import check_bleu_tokenizer, corpus_scores
 
     if args.tokenize:
-        try:
-            check_bleu_tokenizer(args.tokenize)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        check_bleu_tokenizer(args.tokenize)
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers, compile=args.compile)
     src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import sacrebleu
 
+from .config import OptionError
+
 logger = logging.getLogger(__name__)
 
 # Target languages whose text is not space-separated need another BLEU tokenizer than the default 13a.
@@ -50,10 +52,11 @@ def bleu_tokenizer(tgt_lang: str) -> str:
 
 
 def check_bleu_tokenizer(name: str) -> None:
-    """Raise ValueError, listing sacrebleu's BLEU tokenizers, unless `name` is one (checked before any decoding)."""
+    """Raise OptionError (a ValueError naming the parameter `tokenize`), listing sacrebleu's BLEU tokenizers, unless
+    `name` is one (checked before any decoding)."""
     names = list(getattr(sacrebleu.BLEU, "TOKENIZERS", []))
     if names and name not in names:
-        raise ValueError(f"--tokenize {name!r}: sacrebleu's BLEU tokenizers are {', '.join(names)}")
+        raise OptionError(f"{{tokenize}}: sacrebleu's BLEU tokenizers are {', '.join(names)}", tokenize=name)
 
 
 def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]], tgt_lang: str = "en",
