@@ -48,6 +48,7 @@ lint: install
 RESUME ?=
 train: install
 	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,)
+	$(BIN)/transformer plot --run-dir $(RUN_DIR) --out $(RUN_DIR)/curves.png
 	$(MAKE) --no-print-directory evaluate
 
 AVERAGE_LAST ?= 5

@@ -1,4 +1,4 @@
-"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention, serve.
+"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention, plot, serve.
 
 Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
@@ -67,15 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     train = command("train", help="train a model from a YAML config")
     train.add_argument("--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml")
     train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
-    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a config value, e.g. --set training.max_steps=200 (repeatable)")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config "
+                       "value, e.g. --set training.max_steps=200 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
 
     prepare = command("prepare", help="build the tokenizer and the training token cache ahead of training")
     prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
     prepare.add_argument("--run-dir", help="run folder for the tokenizer (default: runs/<config name>)")
-    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                         help="override a config value, as for train")
+    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="as for train")
 
     average = command("average", help="average the parameters of several checkpoints (§6.1)")
     inputs = average.add_mutually_exclusive_group(required=True)
@@ -90,9 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="write translations here (default: stdout)")
-    translate.add_argument("--buffer-size", type=int, default=1000,
-                           help="lines read, decoded (sorted by length) and written at a time (default 1000); "
-                                "typed input is translated line by line")
+    translate.add_argument("--buffer-size", type=int, default=1000, help="lines read, decoded (sorted by length) "
+                           "and written at a time (default 1000); typed input is translated line by line")
     _add_decoding_flags(translate)
 
     evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
@@ -112,8 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
     export.add_argument("--format", default="ctranslate2", choices=["ctranslate2"])
     export.add_argument("--output", required=True, help="the model folder to write")
-    export.add_argument("--quantization", choices=QUANTIZATIONS,
-                        help="weight type (default float32)")
+    export.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type (default float32)")
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
 
     attention = command("attention", help="translate a sentence and plot (or dump) its attention weights")
@@ -126,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
     attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
     attention.add_argument("--device", default="cpu")
+
+    plot = command("plot", help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl")
+    plot.add_argument("--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs")
+    plot.add_argument("--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)")
 
     serve = command("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
     serve.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder "
@@ -208,9 +209,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .training.data import prepare_data
 
-    config = load_config(args.config, args.set)
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
-    _, train, valid = prepare_data(config, run_dir)
+    _, train, valid = prepare_data(load_config(args.config, args.set), run_dir)
     models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
     print(f"prepared {run_dir}: tokenizer {models}, {len(train)} training pairs in the token cache, "
           f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
@@ -372,6 +372,13 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_runs
+
+    print(f"wrote {plot_runs(args.run_dir, args.out or Path(args.run_dir[0]) / 'curves.png')}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .serve import ServeLimits, run_server
@@ -401,7 +408,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
-                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention, "serve": cmd_serve}
+                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention, "plot": cmd_plot,
+                "serve": cmd_serve}
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:

@@ -51,9 +51,9 @@ def with_training(config, **changes):
     return dataclasses.replace(config, training=dataclasses.replace(config.training, **changes))
 
 
-def _train_losses(run_dir: Path) -> list[float]:
+def _train_losses(run_dir: Path, key: str = "loss") -> list[float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines if json.loads(line)["type"] == "train"]
+    return [json.loads(line)[key] for line in lines if json.loads(line)["type"] == "train"]
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch):
@@ -70,6 +70,9 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config,
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, atol=1e-6, rtol=0, msg=name)
     assert _train_losses(tmp_path / "full") == _train_losses(tmp_path / "resumed")
+    grad_norms = _train_losses(tmp_path / "full", "grad_norm")  # each log line's mean norm before clipping
+    assert len(grad_norms) == 4 and all(0 < g < 1e3 for g in grad_norms)
+    assert grad_norms == _train_losses(tmp_path / "resumed", "grad_norm")
     for key in ("step", "epoch", "batch_in_epoch", "best_bleu"):
         assert a["train_state"][key] == b["train_state"][key]
 

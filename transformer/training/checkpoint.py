@@ -63,6 +63,9 @@ class TrainState:
     window_nll: Any = 0.0
     window_tokens: int = 0
     window_src_tokens: int = 0
+    window_grad_norm: Any = 0.0
+    """Summed gradient norms (before clipping) of the window's finite updates, and how many there were."""
+    window_updates: int = 0
     precision: str = ""
     """The precision `training.precision: auto` resolved to at the start (kept on --resume; "" otherwise)."""
 

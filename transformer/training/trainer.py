@@ -78,6 +78,8 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
                 state.window_nll = state.window_nll + result[1]
                 state.window_tokens += sum(b.n_tgt_tokens for b in my_share)
                 state.window_src_tokens += sum(b.n_src_tokens for b in my_share)
+                state.window_grad_norm = state.window_grad_norm + result[2]
+                state.window_updates += 1
             bar.update(1)
             if state.step % training.log_every_steps == 0:
                 _log_window(run, time.perf_counter() - window_start, state, bar)
@@ -181,7 +183,8 @@ def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainSta
 
 def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], config: Config,
                n_tokens: Optional[int] = None, world_size: int = 1,
-               scaler: Optional[torch.amp.GradScaler] = None) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+               scaler: Optional[torch.amp.GradScaler] = None
+               ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Forward/backward over `batches` (gradient accumulation), clip, and update.
 
     Args:
@@ -194,8 +197,9 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
         scaler: a GradScaler for fp16.
 
     Returns:
-        (summed loss, summed nll) of this process's batches as tensors, or None if the gradient was not
-        finite (the update is skipped; the same decision on every process, as gradients are all-reduced).
+        (summed loss, summed nll) of this process's batches and the gradient's L2 norm before clipping (of the
+        unscaled, all-reduced gradient: the same on every process), as tensors; or None if the gradient was not
+        finite (the update is skipped; the same decision on every process).
     """
     optimizer.zero_grad(set_to_none=True)
     n_tokens = n_tokens or sum(b.n_tgt_tokens for b in batches)
@@ -225,7 +229,7 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
         scaler.update()
     else:
         optimizer.step()
-    return total_loss, total_nll
+    return total_loss, total_nll, grad_norm.detach()
 
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -320,18 +324,21 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) 
     """Sum the window over processes (the one device sync of the log interval) and write a "train" record."""
     loss, nll, tokens, src_tokens = run.dist.all_reduce_sum(
         [float(state.window_loss), float(state.window_nll), state.window_tokens, state.window_src_tokens], run.device)
-    state.window_loss = state.window_nll = 0.0
-    state.window_tokens = state.window_src_tokens = 0
+    grad_norm = float(state.window_grad_norm) / max(state.window_updates, 1)  # the same on every process
+    state.window_loss = state.window_nll = state.window_grad_norm = 0.0
+    state.window_tokens = state.window_src_tokens = state.window_updates = 0
     if not tokens or run.metrics is None:
         return
     lr = run.optimizer.param_groups[0]["lr"]
     record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss / tokens, 4),
               "nll": round(nll / tokens, 4), "ppl": round(math.exp(min(nll / tokens, 50)), 2), "lr": lr,
+              "grad_norm": round(grad_norm, 4),
               "tgt_tokens_per_s": round(tokens / elapsed, 1),
               "src_tgt_tokens_per_s": round((tokens + src_tokens) / elapsed, 1),
               "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
     run.metrics.write(record)
-    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
+                    tok_s=f"{record['tgt_tokens_per_s']:.0f}")
 
 
 def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
