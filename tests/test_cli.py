@@ -120,6 +120,12 @@ def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
     hyps = Path(record["hypotheses"]).read_text().split("\n")[:-1]
     assert len(hyps) == 100 and record["n_sentences"] == 100
     assert (record["quantization"], record["compile"], record["workers"]) == (None, False, 1)  # how it decoded
+    assert record["beam_size"] == 4 and record["length_penalty"] == pytest.approx(0.6)
+    greedy = tmp_path / "eval" / "greedy.json"
+    assert run_cli("evaluate", "--checkpoint", ckpt, "--split", "test", "--json", str(greedy), "--beam-size", "1",
+                   "--set", f"data.path={multi30k_subset}").returncode == 0
+    record_greedy = json.loads(greedy.read_text())
+    assert record_greedy["beam_size"] == 1 and record_greedy["length_penalty"] is None  # greedy uses no α
     assert not any("▁" in h for h in hyps)  # detokenized
     refs = (multi30k_subset / "test_2016_flickr.en.gz")
     import gzip

@@ -336,17 +336,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             bar.update(min(EVALUATE_CHUNK, len(src) - start))
     scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**_decoding_kwargs(args))
+    length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
-    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}, "
-          f"length_penalty={options.length_penalty}")
+    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
+          + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
     if args.json:
         json_path = Path(args.json)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         hyp_path = json_path.with_suffix(".hyp.txt")
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         record = {**scores.to_dict(), "checkpoint": str(args.checkpoint), "data": origin,
-                  "beam_size": options.beam_size, "length_penalty": options.length_penalty,
+                  "beam_size": options.beam_size, "length_penalty": length_penalty,
                   "quantization": args.quantization, "compile": args.compile, "workers": args.workers,
                   "hypotheses": str(hyp_path)}
         json_path.write_text(json.dumps(record, indent=2) + "\n")

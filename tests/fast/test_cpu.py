@@ -137,7 +137,12 @@ def test_refusals_name_the_parameters():
         CPUDecoder(tiny_model().to("meta"))
     with pytest.raises(ValueError, match="compile=True works on float32 models, not with quantization='int8'"):
         decoder_for(model, "int8", compile=True)
-    assert decoder_for(tiny_model().to("meta")) is not None  # elsewhere than the CPU: the model itself
+    elsewhere = tiny_model().to("meta")
+    assert decoder_for(elsewhere) is elsewhere  # elsewhere than the CPU: the readable model itself
+    with pytest.raises(ValueError, match="quantization='int8' decodes on the CPU only, not on meta"):
+        decoder_for(elsewhere, "int8")
+    with pytest.raises(ValueError, match="compile=True decodes on the CPU only"):
+        decoder_for(elsewhere, compile=True)
 
 
 @pytest.fixture(scope="module")
