@@ -415,3 +415,34 @@ def test_translate_compile_writes_the_eager_lines_and_says_it_is_compiling(train
     assert "--compile: compiling the decoding step" in capsys.readouterr().err
     assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
     assert compiled.read_text(encoding="utf-8").count("\n") == 4
+
+
+def test_output_is_utf8_whatever_the_locale():
+    """LC_ALL=C or PYTHONIOENCODING=ascii/latin-1 (minimal containers, cron) must not break or re-encode output."""
+    code = "from transformer.data.text import utf8_stdout; utf8_stdout().write('Fahrrad fährt 😆\\n')"
+    for encoding in ("ascii", "latin-1"):
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PYTHONIOENCODING": encoding}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, check=True,
+                             cwd=Path(__file__).resolve().parents[1]).stdout
+        assert out == "Fahrrad fährt 😆\n".encode(), encoding
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_output_is_one_line_and_a_closed_pipe_stops_quietly(trained_run):
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "transformer", "translate", "--checkpoint", ckpt,
+                                 "Ein Hund läuft."], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 2
+    assert result.stderr == "error: stdout: cannot write the translations: No space left on device\n"
+    # `translate | head -n 1`: the reader closes the pipe after one line, translate is still reading its input
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint", ckpt],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdin.write("Ein Hund läuft.\n".encode())
+    process.stdin.flush()
+    assert process.stdout.readline()  # the first translation
+    process.stdout.close()
+    process.stdin.write("Zwei Hunde spielen.\n".encode())
+    process.stdin.close()
+    assert process.wait(timeout=60) == 141
+    assert process.stderr.read() == b""  # no traceback, no message

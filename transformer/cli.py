@@ -24,6 +24,7 @@ from .checkpoint import CheckpointError
 from .config import Config, ConfigError, OptionError, load_config, override_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
+from .data.text import silence_stdout, utf8_stdout, write_and_flush
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
 
@@ -273,23 +274,22 @@ def cmd_translate(args: argparse.Namespace) -> int:
     _note_compile(args)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    out = open(args.output, "w", encoding="utf-8") if args.output else utf8_stdout()
     index = 0
     try:
         for lines in _input_chunks(args):
+            chunk = []
             for hyps in translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
                                                     **_decoding_kwargs(args)):
-                if args.n_best:
-                    for text, score in hyps:
-                        out.write(f"{index}\t{score:.4f}\t{text}\n")
-                else:
-                    out.write(hyps[0][0] + "\n")
+                chunk += ([f"{index}\t{score:.4f}\t{text}\n" for text, score in hyps] if args.n_best
+                          else [hyps[0][0] + "\n"])
                 index += 1
-            out.flush()
+            write_and_flush(out, "".join(chunk), args.output or "stdout")
     finally:
         if args.output:
             out.close()
     return 0
+
 
 
 EVALUATE_CHUNK = 2000
@@ -418,6 +418,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"error: {_as_typed(err, args.command)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`... | head -n 2`): stop quietly, as other Unix tools do
+        silence_stdout()
+        return 141
     except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
         if args.verbose:
             raise

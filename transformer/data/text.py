@@ -21,8 +21,9 @@ from __future__ import annotations
 import gzip
 import os
 import select
+import sys
 from pathlib import Path
-from typing import BinaryIO, Optional
+from typing import BinaryIO, Optional, TextIO
 
 
 class DataError(ValueError):
@@ -238,3 +239,37 @@ def count_lines(path: str | Path, block_size: int = 1 << 24) -> int:
     except (OSError, EOFError) as err:
         raise DataError(f"{path}: cannot read ({err})") from None
     return n + (last != b"\n")
+
+
+def utf8_stdout():
+    """stdout, writing UTF-8 whatever the locale (LC_ALL=C) or PYTHONIOENCODING say: input is always read as UTF-8,
+    and a translation with "ä" must not fail or change encoding on the way out."""
+    if hasattr(sys.stdout, "reconfigure") and (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
+        sys.stdout.reconfigure(encoding="utf-8", errors="strict")
+    return sys.stdout
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a broken or full stdout stays quiet."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (stdout replaced, e.g. by a test harness)
+        pass
+
+
+def write_and_flush(out: TextIO, text: str, name: str) -> None:
+    """Write `text` to `out` and flush it.
+
+    Raises:
+        BrokenPipeError: the reader of a pipe went away (the CLI stops quietly).
+        DataError: any other write error (a full disk, /dev/full), naming `name`; stdout is then silenced.
+    """
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        if out is sys.stdout:
+            silence_stdout()
+        raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
