@@ -442,7 +442,7 @@ def test_a_full_output_is_one_line_and_a_closed_pipe_stops_quietly(trained_run):
     process.stdin.flush()
     assert process.stdout.readline()  # the first translation
     process.stdout.close()
-    process.stdin.write("Zwei Hunde spielen.\n".encode())
+    process.stdin.write(b"Zwei Hunde spielen.\n")
     process.stdin.close()
     assert process.wait(timeout=60) == 141
     assert process.stderr.read() == b""  # no traceback, no message
