@@ -104,3 +104,13 @@ def test_one_pad_id_for_model_loss_batching_and_decoding():
                                           n_encoder_layers=1, n_decoder_layers=1))
     assert model.src_key_padding_mask(torch.tensor([[4, 5, PAD_ID]])).tolist() == [[False, False, True]]
     assert torch.count_nonzero(model.encoder.embedding.embedding.weight[PAD_ID]) == 0
+
+
+def test_option_error_spells_its_parameters_and_keeps_other_text():
+    from transformer.config import OptionError
+
+    err = OptionError("{compile} works on float32 models, not with {quantization}; see runs/{a}/x.pt",
+                      compile=True, quantization="int8")
+    assert str(err) == "compile=True works on float32 models, not with quantization='int8'; see runs/{a}/x.pt"
+    assert err.as_flags() == "--compile works on float32 models, not with --quantization int8; see runs/{a}/x.pt"
+    assert OptionError("{max_len_a}: must be >= 0", max_len_a=-1.0).as_flags() == "--max-len-a -1.0: must be >= 0"

@@ -291,7 +291,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-
 EVALUATE_CHUNK = 2000
 """Sentences `evaluate` decodes between progress-bar updates (sorted by length within each)."""
 

@@ -274,11 +274,6 @@ class CTranslate2Translator:
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
 
-def _braced(path: str | Path) -> str:
-    """A path for an `OptionError` template (braces doubled)."""
-    return str(path).replace("{", "{{").replace("}", "}}")
-
-
 def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,
                     workers: int = 1, compile: bool = False) -> Any:
     """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
@@ -289,10 +284,10 @@ def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: O
     """
     if is_ctranslate2_dir(checkpoint):
         if compile:
-            raise OptionError(f"{{compile}} compiles our own decoder; {_braced(checkpoint)} is a CTranslate2 folder, "
+            raise OptionError(f"{{compile}} compiles our own decoder; {checkpoint} is a CTranslate2 folder, "
                               "which decodes with CTranslate2's own decoder", compile=True)
         if quantization:
-            raise OptionError(f"{{quantization}}: {_braced(checkpoint)} is a CTranslate2 folder, whose weight type "
+            raise OptionError(f"{{quantization}}: {checkpoint} is a CTranslate2 folder, whose weight type "
                               "is chosen when exporting (transformer export --quantization ...)",
                               quantization=quantization)
         return CTranslate2Translator(checkpoint, device=device, workers=workers)

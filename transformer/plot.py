@@ -15,8 +15,12 @@ from pathlib import Path
 
 from .config import OptionError
 
-PANELS = (("loss", "loss per target token"), ("bleu", "validation BLEU (greedy)"), ("lr", "learning rate"),
-          ("grad_norm", "gradient norm (before clipping)"))
+PANELS = (  # (title, [(series of `read_curves`, line style, legend suffix), ...])
+    ("loss per target token", [("train_loss", "-", " train"), ("valid_loss", "o--", " valid")]),
+    ("validation BLEU (greedy)", [("bleu", "o-", "")]),
+    ("learning rate", [("lr", "-", "")]),
+    ("gradient norm (before clipping)", [("grad_norm", "-", "")]),
+)
 
 
 class PlotError(OptionError):
@@ -42,7 +46,7 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
             record = json.loads(line)
             step = int(record["step"])
         except (ValueError, KeyError, TypeError):
-            raise PlotError(f"{_braced(path)}:{number}: not a metrics record (JSON with a step)") from None
+            raise PlotError(f"{path}:{number}: not a metrics record (JSON with a step)") from None
         if record.get("type") == "train":
             for key, name in (("loss", "train_loss"), ("lr", "lr"), ("grad_norm", "grad_norm")):
                 if key in record:
@@ -71,24 +75,20 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' (or pip install "
                         "matplotlib)") from None
-    series_of = {"loss": [("train_loss", "-", "train"), ("valid_loss", "o--", "valid")],
-                 "bleu": [("bleu", "o-", None)], "lr": [("lr", "-", None)], "grad_norm": [("grad_norm", "-", None)]}
-    shown = [(panel, title) for panel, title in PANELS
-             if any(curves[series] for _, curves in runs for series, _, _ in series_of[panel])]
+    shown = [(title, lines) for title, lines in PANELS
+             if any(curves[series] for _, curves in runs for series, _, _ in lines)]
     if not shown:
-        raise PlotError(f"{_braced(', '.join(run_dirs))}: metrics.jsonl holds no records yet")
+        raise PlotError(f"{', '.join(run_dirs)}: metrics.jsonl holds no records yet")
     fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.4), squeeze=False)
     for i, (name, curves) in enumerate(runs):
         colour = f"C{i % 10}"
         label = Path(name).name or name
-        for ax, (panel, _) in zip(axes[0], shown):
-            for series, style, kind in series_of[panel]:
-                points = curves[series]
-                if points:
-                    steps, values = zip(*points)
-                    ax.plot(steps, values, style, color=colour, markersize=3,
-                            label=f"{label} {kind}" if kind else label)
-    for ax, (_, title) in zip(axes[0], shown):
+        for ax, (_, lines) in zip(axes[0], shown):
+            for series, style, suffix in lines:
+                if curves[series]:
+                    steps, values = zip(*curves[series])
+                    ax.plot(steps, values, style, color=colour, markersize=3, label=label + suffix)
+    for ax, (title, _) in zip(axes[0], shown):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("update step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -100,7 +100,3 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
-
-
-def _braced(path: Path) -> str:
-    return str(path).replace("{", "{{").replace("}", "}}")

@@ -88,10 +88,7 @@ class Translator:
         self.workers = workers
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()
-        try:
-            self.decoder = decoder_for(self.model, quantization, compile)
-        except ValueError as err:  # names the parameters; restated so that the CLI can name its flags
-            raise _option_error(str(err), quantization, compile) from err
+        self.decoder = decoder_for(self.model, quantization, compile)
         self.quantization = quantization
         self.compile = compile
         self.tokenizer = tokenizer
@@ -256,17 +253,6 @@ def check_workers(workers: int) -> None:
     """Raises OptionError unless `workers` (batches decoded at once) is at least 1."""
     if workers < 1:
         raise OptionError("{workers}: must be at least 1", workers=workers)
-
-
-def _option_error(message: str, quantization: Optional[str], compile: bool) -> OptionError:
-    """`fast.decoder_for`'s refusal as an `OptionError` whose parameters the CLI can spell as flags."""
-    template = message.replace("{", "{{").replace("}", "}}")
-    values: dict[str, object] = {}
-    for name, value in (("quantization", quantization), ("compile", compile)):
-        spelled = f"{name}={value!r}"
-        if value and spelled in template:
-            template, values[name] = template.replace(spelled, "{" + name + "}"), value
-    return OptionError(template, **values)
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:

@@ -91,7 +91,7 @@ def test_a_row_of_padding_only_attends_to_nothing_as_in_the_readable_model(pair)
 
 
 def test_refuses_int8():
-    with pytest.raises(ValueError, match="compile works on float32 models, not with quantization='int8'"):
+    with pytest.raises(OptionError, match="compile=True works on float32 models, not with quantization='int8'"):
         CompiledDecoder(CPUDecoder(tiny_model(), "int8"))
 
 

@@ -131,17 +131,17 @@ def test_int8_beam_1_equals_greedy(model):
 
 def test_refusals_name_the_parameters():
     model = tiny_model()
-    with pytest.raises(ValueError, match="quantization must be None or 'int8', got 'int4'"):
+    with pytest.raises(OptionError, match="quantization='int4': expected None or 'int8'"):
         CPUDecoder(model, "int4")
     with pytest.raises(ValueError, match="is on meta, not on the CPU"):
         CPUDecoder(tiny_model().to("meta"))
-    with pytest.raises(ValueError, match="compile=True works on float32 models, not with quantization='int8'"):
+    with pytest.raises(OptionError, match="compile=True works on float32 models, not with quantization='int8'"):
         decoder_for(model, "int8", compile=True)
     elsewhere = tiny_model().to("meta")
     assert decoder_for(elsewhere) is elsewhere  # elsewhere than the CPU: the readable model itself
-    with pytest.raises(ValueError, match="quantization='int8' decodes on the CPU only, not on meta"):
+    with pytest.raises(OptionError, match="quantization='int8' decodes on the CPU only, not on meta"):
         decoder_for(elsewhere, "int8")
-    with pytest.raises(ValueError, match="compile=True decodes on the CPU only"):
+    with pytest.raises(OptionError, match="compile=True decodes on the CPU only"):
         decoder_for(elsewhere, compile=True)
 
 
@@ -178,7 +178,7 @@ def test_int8_translations_close_to_float32(translators, multi30k_subset):
 
 def test_translator_refuses_unknown_quantization(translators):
     fp32, _ = translators
-    with pytest.raises(OptionError, match="quantization must be None or 'int8', got 'float16'"):
+    with pytest.raises(OptionError, match="quantization='float16': expected None or 'int8'"):
         Translator(fp32.model, fp32.tokenizer, fp32.config, quantization="float16")
 
 

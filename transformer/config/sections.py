@@ -14,6 +14,8 @@ Each dataclass checks its values when built (`ConfigError` naming the key path);
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -26,7 +28,8 @@ class OptionError(ConfigError):
     """An argument of a library call (a `Translator` option, say) that cannot be honoured.
 
     The message names the parameters as `{name}` fields of `template`: `str(err)` spells them as Python
-    (`workers=2`), `as_flags()` as the command line does (`--workers 2`).
+    (`workers=2`), `as_flags()` as the command line does (`--workers 2`). Only the fields of `values` are
+    replaced; any other text, braces included (a path), is kept as it is.
 
     Args:
         template: the message, with a `{name}` field for each parameter it names.
@@ -35,13 +38,15 @@ class OptionError(ConfigError):
 
     def __init__(self, template: str, **values: object) -> None:
         self.template, self.values = template, values
-        super().__init__(template.format(**{name: f"{name}={value!r}" for name, value in values.items()}))
+        super().__init__(self._spell(lambda name, value: f"{name}={value!r}"))
 
     def as_flags(self) -> str:
         """The message with each parameter spelled as its command-line flag."""
-        def flag(name: str, value: object) -> str:
-            return f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
-        return self.template.format(**{name: flag(name, value) for name, value in self.values.items()})
+        return self._spell(lambda name, value: f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}"))
+
+    def _spell(self, spelling: Callable[[str, object], str]) -> str:
+        return re.sub(r"\{(\w+)\}", lambda m: spelling(m.group(1), self.values[m.group(1)])
+                      if m.group(1) in self.values else m.group(0), self.template)
 
 
 def _require(condition: bool, key: str, message: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+from ..config import OptionError
 from ..model import Transformer
 from .compiled import CompiledDecoder
 from .cpu import CPUDecoder
@@ -41,18 +42,19 @@ def decoder_for(model: Transformer, quantization: Optional[str] = None,
         On the CPU a `CPUDecoder` (a `CompiledDecoder` with compile); elsewhere the model itself.
 
     Raises:
-        ValueError: quantization or compile on a device other than the CPU, compile with int8, an unknown
-            quantization, or int8 unavailable in this PyTorch build. The message names the parameters.
+        OptionError: quantization or compile on a device other than the CPU, compile with int8, an unknown
+            quantization, or int8 unavailable in this PyTorch build (naming the parameters).
     """
     device = next(model.parameters()).device
     if device.type != "cpu":
         if quantization:
-            raise ValueError(f"quantization={quantization!r} decodes on the CPU only, not on {device}")
+            raise OptionError(f"{{quantization}} decodes on the CPU only, not on {device}", quantization=quantization)
         if compile:
-            raise ValueError(f"compile=True decodes on the CPU only (not tested on {device})")
+            raise OptionError(f"{{compile}} decodes on the CPU only (not tested on {device})", compile=True)
         return model
     if compile and quantization:
-        raise ValueError(f"compile=True works on float32 models, not with quantization={quantization!r}")
+        raise OptionError("{compile} works on float32 models, not with {quantization}", compile=True,
+                          quantization=quantization)
     decoder = CPUDecoder(model, quantization)
     return CompiledDecoder(decoder) if compile else decoder
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import OptionError
 from ..model.layers import residual
 from .cpu import CPUDecoder
 
@@ -77,22 +78,19 @@ class StaticDecoderCache:
         """Keep, reorder or repeat rows, as `CPUDecoderCache.select`: self-attention row i becomes old row
         `index[i]`, and the memory's rows follow `memory_index` (None: unchanged). Copies the decoded positions
         only."""
-        cross_index = memory_index
-        if cross_index is not None:
-            self.memory_rows = cross_index.numel()
+        if memory_index is not None:
+            self.memory_rows = memory_index.numel()
         self.mirrored = self.memory_rows == 1
         if self.mirrored:  # the old rows are the first ones of a mirrored buffer too
             index = index.repeat(2)
-            cross_index = None if cross_index is None else cross_index.repeat(2)
-        if self.self_kv is None:  # not filled yet
-            return
+            memory_index = None if memory_index is None else memory_index.repeat(2)
         old = self.self_kv
         self.self_kv = old.new_empty(old.size(0), old.size(1), index.numel(), *old.shape[3:])
         torch.index_select(old[:self.length], 2, index, out=self.self_kv[:self.length])
         self._zero_unwritten()
-        if cross_index is not None:
-            self.cross_kv = self.cross_kv.index_select(1, cross_index)
-            self.cross_bias = self.cross_bias.index_select(0, cross_index)
+        if memory_index is not None:
+            self.cross_kv = self.cross_kv.index_select(1, memory_index)
+            self.cross_bias = self.cross_bias.index_select(0, memory_index)
             self._mark_cross()
 
     def _mark_cross(self) -> None:
@@ -217,14 +215,15 @@ class CompiledDecoder:
         model: a float32 `CPUDecoder`.
 
     Raises:
-        ValueError: the decoder is int8-quantized (its layers are not compilable).
+        OptionError: the decoder is int8-quantized (its layers are not compilable).
     """
 
     INITIAL_CAPACITY = 32  # decoded positions before the self-attention buffers first double
 
     def __init__(self, model: CPUDecoder) -> None:
         if not model.is_float:
-            raise ValueError("compile works on float32 models, not with quantization='int8'")
+            raise OptionError("{compile} works on float32 models, not with {quantization}", compile=True,
+                              quantization=model.quantization)
         import torch._inductor.config  # here, not at the top: it takes seconds, which every CLI start would pay
 
         self._inductor_config = torch._inductor.config

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..config import OptionError
 from ..model import Transformer
 from ..model.attention import scaled_dot_product_attention
 from ..model.layers import DecoderLayer, residual
@@ -125,8 +126,8 @@ class CPUDecoder(nn.Module):
         quantization: None (float32) or "int8".
 
     Raises:
-        ValueError: the model is not on the CPU, an unknown quantization, or int8 without a quantized CPU engine
-            in this PyTorch build.
+        ValueError: the model is not on the CPU.
+        OptionError: an unknown quantization, or int8 without a quantized CPU engine in this PyTorch build.
     """
 
     def __init__(self, model: Transformer, quantization: Optional[str] = None) -> None:
@@ -135,7 +136,7 @@ class CPUDecoder(nn.Module):
         if device.type != "cpu":
             raise ValueError(f"CPUDecoder: the model is on {device}, not on the CPU")
         if quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {quantization!r}")
+            raise OptionError("{quantization}: expected None or 'int8'", quantization=quantization)
         trained = copy.deepcopy(model).eval()  # shared and tied modules stay shared in the copy
         self.config = model.config
         self.encoder = trained.encoder

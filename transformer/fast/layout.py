@@ -21,6 +21,8 @@ import warnings
 import torch
 from torch import nn
 
+from ..config import OptionError
+
 
 class PackedLinear(nn.Module):
     """y = x Wᵀ + b (inference only) by oneDNN on W reordered once into its blocked layout.
@@ -66,10 +68,11 @@ def quantize_int8_(module: nn.Module) -> nn.Module:
         the module, changed in place (or its replacement if it is itself an `nn.Linear`).
 
     Raises:
-        ValueError: this PyTorch build has no quantized CPU engine (fbgemm, onednn) or no `torch.ao.quantization`.
+        OptionError: this PyTorch build has no quantized CPU engine (fbgemm, onednn) or no `torch.ao.quantization`.
     """
     if torch.backends.quantized.engine == "none":
-        raise ValueError("this PyTorch build has no quantized CPU engine (fbgemm, onednn): int8 is unavailable")
+        raise OptionError("{quantization}: this PyTorch build has no quantized CPU engine (fbgemm, onednn)",
+                          quantization="int8")
     with warnings.catch_warnings():
         # torch.ao's eager-mode quantization warns that it is deprecated in favour of the separate torchao
         # package, and that quantized tensor constructors will go; it is still PyTorch's own, tested path.
@@ -78,7 +81,8 @@ def quantize_int8_(module: nn.Module) -> nn.Module:
         try:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
         except ImportError as err:
-            raise ValueError(f"int8 needs torch.ao.quantization, which PyTorch {torch.__version__} lacks") from err
+            raise OptionError(f"{{quantization}} needs torch.ao.quantization, which PyTorch {torch.__version__} "
+                              "lacks", quantization="int8") from err
         return quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
