@@ -107,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
     _add_decoding_flags(evaluate, n_best=False)  # BLEU scores the 1-best; n-best lists come from translate
 
-    export = command("export", help="convert a checkpoint for deployment (CTranslate2)")
-    export.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt")
-    export.add_argument("--format", default="ctranslate2", choices=["ctranslate2"])
+    export = command("export", help="convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)")
+    export.add_argument("--checkpoint", required=True, help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a "
+                        "MarianMT folder")
+    export.add_argument("--format", default="ctranslate2", choices=["ctranslate2", "huggingface"],
+                        help="ctranslate2 (default) or huggingface: a folder for transformers.MarianMTModel")
     export.add_argument("--output", required=True, help="the model folder to write")
     export.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type (default float32)")
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
@@ -357,6 +359,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .ct2 import export_ctranslate2
 
+    if args.format == "huggingface":
+        from .hf import export_huggingface
+
+        if args.quantization:
+            raise ExportError("--quantization applies to --format ctranslate2 only")
+        out = export_huggingface(args.checkpoint, args.output, force=args.force)
+        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel.from_pretrained and "
+              "MarianTokenizer.from_pretrained")
+        return 0
     out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization, force=args.force)
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as "
           f"`transformer translate --checkpoint {out}` or with ctranslate2.Translator")

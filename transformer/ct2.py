@@ -22,14 +22,12 @@ greedy output equal on ≥ 99% of test_2016_flickr lines and BLEU within 0.1 (be
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from .checkpoint import load_for_inference
+from .checkpoint import ExportError, check_replaceable, load_for_inference, write_folder
 from .config import Config, DecodingConfig, OptionError, config_from_dict
 from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
@@ -38,10 +36,6 @@ from .translate import check_workers, decoding_options
 
 METADATA = "transformer_nmt.json"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
-
-
-class ExportError(ValueError):
-    """The model cannot be exported, or ctranslate2 is missing."""
 
 
 def _ctranslate2() -> Any:
@@ -58,8 +52,9 @@ def is_ctranslate2_dir(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / "model.bin").is_file() and (Path(path) / METADATA).is_file()
 
 
-def _vocabulary(sp: Any) -> list[str]:
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+def _vocabulary(tokenizer: Tokenizer, side: str) -> list[str]:
+    size = tokenizer.src_vocab_size if side == "src" else tokenizer.tgt_vocab_size
+    pieces = [tokenizer.id_to_piece(i, side) for i in range(size)]
     pieces[0] = "<blank>"  # CTranslate2's padding token (our pad id 0)
     return pieces
 
@@ -69,7 +64,8 @@ def _build_spec(config: Config, model: Any, tokenizer: Tokenizer) -> Any:
     from ctranslate2.specs import common_spec, transformer_spec
 
     m = config.model
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[m.activation]
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swish": common_spec.Activation.SWISH}[m.activation]
     spec = transformer_spec.TransformerSpec.from_config((m.n_encoder_layers, m.n_decoder_layers), m.n_heads,
                                                         pre_norm=m.norm_first, activation=activation)
     weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
@@ -114,8 +110,8 @@ def _build_spec(config: Config, model: Any, tokenizer: Tokenizer) -> Any:
         norm(layer.attention.layer_norm, f"{prefix}.norm2")
         ffn(layer.ffn, prefix, "norm3")
     linear(spec.decoder.projection, "output_projection")
-    spec.register_source_vocabulary(_vocabulary(tokenizer.src))
-    spec.register_target_vocabulary(_vocabulary(tokenizer.tgt))
+    spec.register_source_vocabulary(_vocabulary(tokenizer, "src"))
+    spec.register_target_vocabulary(_vocabulary(tokenizer, "tgt"))
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
     return spec
@@ -150,47 +146,23 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: str | Path, quantizat
         def _load(self) -> Any:
             return spec
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    def write(staging: Path) -> None:
         _Converter().convert(str(staging), quantization=quantization, force=True)
         files = tokenizer.save(staging, config.data.src_lang, config.data.tgt_lang)
         metadata = {"config": config.to_dict(),
                     "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
                     "checkpoint": str(checkpoint), "quantization": quantization or "float32",
-                    "sentencepiece": [f.name for f in files]}
+                    "sentencepiece": [f.name for f in files if f.suffix == ".model"],
+                    "vocab": tokenizer.vocab, "export_order": tokenizer.export_order}
         (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
-        if output_dir.exists():  # an earlier export or an empty folder (checked above): out of the way, then gone
-            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
-            output_dir.rename(retired / output_dir.name)
-            try:
-                staging.rename(output_dir)
-            except BaseException:
-                (retired / output_dir.name).rename(output_dir)  # the earlier export back in its place
-                raise
-            shutil.rmtree(retired)
-        else:
-            staging.rename(output_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+
+    write_folder(output_dir, write)
     return output_dir
 
 
 def _check_replaceable(output_dir: Path, force: bool) -> None:
     """Refuse an existing output unless `force` and it is an earlier export or an empty folder (ExportError)."""
-    if not output_dir.exists() and not output_dir.is_symlink():
-        return
-    if not force:
-        raise ExportError(f"{output_dir} exists; use --force to replace it")
-    if output_dir.is_symlink() or not output_dir.is_dir():
-        raise ExportError(f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder")
-    if not is_ctranslate2_dir(output_dir) and any(output_dir.iterdir()):
-        names = sorted(p.name for p in output_dir.iterdir())
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ExportError(f"--output {output_dir} holds files ({shown}) but is not an earlier export (no model.bin "
-                          f"and {METADATA}); --force replaces only an export or an empty folder: choose another "
-                          "--output")
+    check_replaceable(output_dir, force, is_ctranslate2_dir, f"no model.bin and {METADATA}")
 
 
 class CTranslate2Translator:
@@ -213,7 +185,8 @@ class CTranslate2Translator:
         self.config = config_from_dict(metadata["config"], vocab_sizes=tuple(metadata["vocab_sizes"]))
         names = metadata["sentencepiece"]
         protos = [(path / name).read_bytes() for name in names]
-        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None, metadata.get("vocab"),
+                                   metadata.get("export_order"))
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() else "cpu"
         if device.split(":")[0] not in ("cpu", "cuda"):
@@ -240,8 +213,9 @@ class CTranslate2Translator:
         texts = [s.strip() for s in sentences]
         kept = [i for i, t in enumerate(texts) if t]
         limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
-        pieces = {i: p[:limit] for i, p in zip(kept, self.tokenizer.src.encode([texts[i] for i in kept],
-                                                                               out_type=str))}
+        tokenizer = self.tokenizer
+        pieces = {i: [tokenizer.id_to_piece(t, "src") for t in ids[:limit]]
+                  for i, ids in zip(kept, tokenizer.src_ids([texts[i] for i in kept]))}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
         for start in range(0, len(order), opts.batch_size):
             chunk = order[start:start + opts.batch_size]
@@ -256,7 +230,7 @@ class CTranslate2Translator:
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
             for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
-                results[i] = [(self.tokenizer.decode_tgt([self.tokenizer.tgt.piece_to_id(p) for p in h]), score)
+                results[i] = [(tokenizer.decode_tgt([tokenizer.piece_to_id(p) for p in h]), score)
                               for h, score in zip(sentence_hyps, sentence_scores)]
         return results
 

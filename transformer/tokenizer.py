@@ -6,10 +6,16 @@ bos + pieces (`tgt_in`) and predicted as pieces + eos (`tgt_out`).
 
 Text is normalised by sentencepiece's `nmt_nfkc` rule, so NFC and NFD spellings and fullwidth letters
 map to the same pieces.
+
+A tokenizer imported with a model from elsewhere (a Marian model, `transformer/hf.py`) carries its own
+vocabulary: a list of pieces whose index is the model's token id (the same four special ids first). Text is
+then split into pieces by the sentencepiece model(s) and each piece looked up in that list (unk if absent), and a
+leading target-language token such as `>>fra<<` is kept as one piece, as Marian's tokenizer does.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable
@@ -27,10 +33,20 @@ class TokenizerError(ValueError):
     """A tokenizer cannot be trained with the requested settings, or a saved one cannot be read."""
 
 
+def _split_language_code(text: str) -> tuple[list[str], str]:
+    """A leading `>>xx<<` target-language token as its own piece, and the rest of the text (as Marian's tokenizer)."""
+    end = text.find("<<") if text.startswith(">>") else -1
+    return ([text[:end + 2]], text[end + 2:]) if end != -1 else ([], text)
+
+
 def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     sp.LoadFromSerializedProto(proto)
     return sp
+
+
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+"""The pieces of the special ids PAD_ID, UNK_ID, BOS_ID, EOS_ID (in this order) in a tokenizer's own vocabulary."""
 
 
 class Tokenizer:
@@ -38,13 +54,29 @@ class Tokenizer:
 
     Args:
         src_proto: serialized source sentencepiece model.
-        tgt_proto: serialized target model, or None for a joint vocabulary.
+        tgt_proto: serialized target model, or None when source and target share `src_proto`.
+        vocab: the pieces of token ids 0, 1, ... for both sides, starting with `SPECIAL_PIECES`; None: the
+            sentencepiece model's own ids (which must then be the special ids of `config.PAD_ID` ...).
+        export_order: with `vocab`, the token id of each row of the vocabulary the model was imported from, in that
+            vocabulary's order (what an export writes back; see `transformer/hf.py`).
+
+    Raises:
+        TokenizerError: a sentencepiece model with other special ids, or a vocabulary without `SPECIAL_PIECES` first.
     """
 
-    def __init__(self, src_proto: bytes, tgt_proto: Optional[bytes] = None) -> None:
+    def __init__(self, src_proto: bytes, tgt_proto: Optional[bytes] = None, vocab: Optional[list[str]] = None,
+                 export_order: Optional[list[int]] = None) -> None:
         self.src_proto, self.tgt_proto = src_proto, tgt_proto
         self.src = _load_proto(src_proto)
         self.tgt = self.src if tgt_proto is None else _load_proto(tgt_proto)
+        self.vocab, self.export_order = vocab, export_order
+        if vocab is not None:
+            if tuple(vocab[:4]) != SPECIAL_PIECES:
+                raise TokenizerError(f"a tokenizer vocabulary must start with {SPECIAL_PIECES}, got {vocab[:4]}")
+            self._piece_ids = {}
+            for i, piece in enumerate(vocab):
+                self._piece_ids.setdefault(piece, i)
+            return
         for sp in (self.src, self.tgt):
             ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
             if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -53,48 +85,104 @@ class Tokenizer:
 
     @property
     def is_joint(self) -> bool:
-        return self.tgt_proto is None
+        """True when source and target share one list of token ids (and the embeddings may be shared)."""
+        return self.tgt_proto is None or self.vocab is not None
 
     @property
     def src_vocab_size(self) -> int:
-        return self.src.get_piece_size()
+        return len(self.vocab) if self.vocab is not None else self.src.get_piece_size()
 
     @property
     def tgt_vocab_size(self) -> int:
-        return self.tgt.get_piece_size()
+        return len(self.vocab) if self.vocab is not None else self.tgt.get_piece_size()
+
+    def src_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Source token ids of each text, without eos."""
+        if self.vocab is None:
+            return self.src.encode(texts, out_type=int, num_threads=num_threads)
+        codes, rests = zip(*map(_split_language_code, texts)) if texts else ((), ())
+        pieces = self.src.encode(list(rests), out_type=str, num_threads=num_threads)
+        return [self._lookup(code + p) for code, p in zip(codes, pieces)]
+
+    def tgt_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Target token ids of each text, without bos/eos."""
+        if self.vocab is None:
+            return self.tgt.encode(texts, out_type=int, num_threads=num_threads)
+        return [self._lookup(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)]
+
+    def _lookup(self, pieces: list[str]) -> list[int]:
+        return [self._piece_ids.get(p, UNK_ID) for p in pieces]
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source token ids, each sequence ending with eos."""
-        return [ids + [EOS_ID] for ids in self.src.encode(texts, out_type=int)]
+        return [ids + [EOS_ID] for ids in self.src_ids(texts)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target token ids without bos/eos (batching adds them)."""
-        return self.tgt.encode(texts, out_type=int)
+        return self.tgt_ids(texts)
+
+    def id_to_piece(self, i: int, side: str = "tgt") -> str:
+        """The piece of token id `i` (side "src" or "tgt")."""
+        if self.vocab is not None:
+            return self.vocab[i]
+        return (self.src if side == "src" else self.tgt).id_to_piece(i)
+
+    def piece_to_id(self, piece: str) -> int:
+        """The target token id of `piece` (unk if it has none)."""
+        if self.vocab is not None:
+            return self._piece_ids.get(piece, UNK_ID)
+        return self.tgt.piece_to_id(piece)
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """Target pieces for display (e.g. attention plots)."""
-        return [self.tgt.id_to_piece(i) for i in ids]
+        return [self.id_to_piece(i) for i in ids]
 
     def src_pieces(self, text: str) -> list[str]:
         """Source pieces of one sentence, eos included."""
-        return self.src.encode(text, out_type=str) + ["</s>"]
+        if self.vocab is None:
+            return self.src.encode(text, out_type=str) + ["</s>"]
+        return [self.vocab[i] for i in self.src_ids([text])[0]] + ["</s>"]
 
     def decode_tgt(self, ids: Iterable[int], keep_unk: bool = False) -> str:
         """Detokenized target text. Special ids are dropped; unk too unless keep_unk (then shown as ⁇)."""
         drop = {PAD_ID, BOS_ID, EOS_ID} if keep_unk else {PAD_ID, BOS_ID, EOS_ID, UNK_ID}
-        return self.tgt.decode([i for i in ids if i not in drop])
+        kept = [i for i in ids if i not in drop]
+        if self.vocab is None:
+            return self.tgt.decode(kept)
+        return self.tgt.decode_pieces([self.vocab[i] for i in kept])
 
     def to_dict(self) -> dict:
-        """Plain data (bytes) for a checkpoint: {"src": bytes, "tgt": bytes or None}."""
-        return {"src": self.src_proto, "tgt": self.tgt_proto}
+        """Plain data for a checkpoint: {"src": bytes, "tgt": bytes or None}, and "vocab" and "export_order" (lists)
+        for a tokenizer with its own vocabulary."""
+        out = {"src": self.src_proto, "tgt": self.tgt_proto}
+        if self.vocab is not None:
+            out.update(vocab=list(self.vocab), export_order=self.export_order)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Tokenizer":
-        return cls(data["src"], data.get("tgt"))
+        return cls(data["src"], data.get("tgt"), data.get("vocab"), data.get("export_order"))
+
+    def digest(self) -> str:
+        """SHA-256 of what decides the token ids: the sentencepiece model(s) and the vocabulary, if any."""
+        import hashlib
+
+        digest = hashlib.sha256(self.src_proto)
+        if self.tgt_proto is not None:
+            digest.update(b"\0target\0" + self.tgt_proto)
+        if self.vocab is not None:
+            digest.update(b"\0vocab\0" + "\n".join(self.vocab).encode("utf-8"))
+        return digest.hexdigest()
 
     def save(self, run_dir: Path, src_lang: str, tgt_lang: str) -> list[Path]:
-        """Write `spm.model` (joint) or `spm.{src_lang}.model` and `spm.{tgt_lang}.model` into run_dir."""
-        if self.is_joint:
+        """Write `spm.model` (joint) or `spm.{src_lang}.model` and `spm.{tgt_lang}.model` into run_dir; a tokenizer
+        with its own vocabulary writes both models and `vocab.json`."""
+        if self.vocab is not None:
+            files = {run_dir / f"spm.{src_lang}.model": self.src_proto,
+                     run_dir / f"spm.{tgt_lang}.model": self.tgt_proto or self.src_proto,
+                     run_dir / VOCAB_FILE: json.dumps({"vocab": self.vocab, "export_order": self.export_order},
+                                                      ensure_ascii=False).encode("utf-8")}
+        elif self.is_joint:
             files = {run_dir / "spm.model": self.src_proto}
         else:
             files = {run_dir / f"spm.{src_lang}.model": self.src_proto,
@@ -106,11 +194,18 @@ class Tokenizer:
     @classmethod
     def load(cls, run_dir: Path, src_lang: str, tgt_lang: str, joint: bool) -> Optional["Tokenizer"]:
         """The tokenizer saved in run_dir by `save`, or None if it is not there."""
+        src, tgt = run_dir / f"spm.{src_lang}.model", run_dir / f"spm.{tgt_lang}.model"
+        if (run_dir / VOCAB_FILE).exists():
+            saved = json.loads((run_dir / VOCAB_FILE).read_text(encoding="utf-8"))
+            return cls(src.read_bytes(), tgt.read_bytes(), saved["vocab"], saved["export_order"])
         if joint:
             path = run_dir / "spm.model"
             return cls(path.read_bytes()) if path.exists() else None
-        src, tgt = run_dir / f"spm.{src_lang}.model", run_dir / f"spm.{tgt_lang}.model"
         return cls(src.read_bytes(), tgt.read_bytes()) if src.exists() and tgt.exists() else None
+
+
+VOCAB_FILE = "vocab.json"
+"""Where `Tokenizer.save` writes a tokenizer's own vocabulary in a run directory."""
 
 
 SPM_MAX_SENTENCE_BYTES = 4192

@@ -59,6 +59,19 @@ def test_matches_textbook_form_and_ignores_padding():
     assert math.isclose(plain.item(), expected.item(), rel_tol=1e-5)
 
 
+def test_output_bias_is_added_to_the_logits_and_gets_its_gradient():
+    torch.manual_seed(4)
+    hidden = torch.randn(300, 4, dtype=torch.double, requires_grad=True)  # more rows than one chunk
+    weight = torch.randn(9, 4, dtype=torch.double, requires_grad=True)
+    bias = torch.randn(9, dtype=torch.double, requires_grad=True)
+    target = torch.randint(0, 9, (300,))
+    loss, nll = projected_label_smoothed_cross_entropy(hidden, weight, target, 0.1, PAD, bias)
+    ref_loss, ref_nll = _reference(hidden @ weight.t() + bias, target, 0.1)
+    assert math.isclose(loss.item(), ref_loss, rel_tol=1e-9) and math.isclose(nll.item(), ref_nll, rel_tol=1e-9)
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, b)[0], (hidden, weight, bias))
+
+
 def test_gradients_are_those_of_p_minus_q():
     torch.manual_seed(1)
     hidden = torch.randn(5, 4, dtype=torch.double, requires_grad=True)

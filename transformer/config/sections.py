@@ -59,6 +59,10 @@ def _require(condition: bool, key: str, message: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+ACTIVATIONS = ("relu", "gelu", "swish")
+"""The feed-forward non-linearities `TransformerConfig.activation` takes."""
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
     """Sizes and switches of the encoder-decoder Transformer (Vaswani et al. 2017, §3 and Table 3).
@@ -88,7 +92,7 @@ class TransformerConfig:
     attention_dropout: float = 0.0
     """Dropout on the attention weights (not in the paper; fairseq and tensor2tensor offer it)."""
     activation: str = "relu"
-    """Feed-forward non-linearity: "relu" (paper, eq. 2) or "gelu"."""
+    """Feed-forward non-linearity: "relu" (paper, eq. 2), "gelu" or "swish" (x * sigmoid(x), Marian's)."""
     norm_first: bool = False
     """False: post-norm LayerNorm(x + Sublayer(x)) as in the paper; True: pre-norm with a final LayerNorm."""
     max_positions: int = 1024
@@ -97,6 +101,8 @@ class TransformerConfig:
     """Share the decoder input embedding with the output projection (§3.4)."""
     share_all_embeddings: bool = False
     """Also share the encoder embedding (one joint vocabulary; §3.4 "the two embedding layers")."""
+    output_bias: bool = False
+    """A bias on the pre-softmax projection (not in the paper; Marian models have one)."""
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
@@ -109,8 +115,8 @@ class TransformerConfig:
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value!r}")
-        _require(self.activation in ("relu", "gelu"), "model.activation",
-                 f"must be 'relu' or 'gelu', got {self.activation!r}")
+        _require(self.activation in ACTIVATIONS, "model.activation",
+                 f"must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.share_all_embeddings:
             _require(self.src_vocab_size == self.tgt_vocab_size, "model.share_all_embeddings",
                      "sharing source, target and output embeddings needs one joint vocabulary "

@@ -120,11 +120,8 @@ def cache_root(data: DataConfig) -> Path:
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """SHA-256 of the serialized sentencepiece model(s)."""
-    digest = hashlib.sha256(tokenizer.src_proto)
-    if tokenizer.tgt_proto is not None:
-        digest.update(b"\0target\0" + tokenizer.tgt_proto)
-    return digest.hexdigest()
+    """SHA-256 of the serialized sentencepiece model(s) and of the tokenizer's own vocabulary, if any."""
+    return tokenizer.digest()
 
 
 def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
@@ -333,8 +330,8 @@ def _encode_into(folder: Path, source: SplitSource, tokenizer: Tokenizer, max_le
             tqdm(total=total, unit=unit, unit_scale=True, desc="token cache", mininterval=2.0,
                  dynamic_ncols=True) as bar:
         for src_texts, tgt_texts in source.chunks(chunk_size):
-            src = tokenizer.src.encode(src_texts, out_type=int, num_threads=threads)
-            tgt = tokenizer.tgt.encode(tgt_texts, out_type=int, num_threads=threads)
+            src = tokenizer.src_ids(src_texts, num_threads=threads)
+            tgt = tokenizer.tgt_ids(tgt_texts, num_threads=threads)
             src_len = np.fromiter(map(len, src), np.int64, len(src))  # pieces, without eos
             tgt_len = np.fromiter(map(len, tgt), np.int64, len(tgt))
             empty = (src_len == 0) | (tgt_len == 0)

@@ -89,14 +89,14 @@ class PositionwiseFeedForward(nn.Module):
     Args:
         d_model: input and output width.
         d_ff: inner width.
-        activation: "relu" (paper) or "gelu".
+        activation: "relu" (paper), "gelu" or "swish" (SiLU: x * sigmoid(x)).
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.activation = F.relu if activation == "relu" else F.gelu
+        self.activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[activation]
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)

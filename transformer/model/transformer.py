@@ -169,7 +169,9 @@ class Transformer(nn.Module):
                          else TokenEmbedding(config.src_vocab_size, config.d_model, PAD_ID))
         self.encoder = Encoder(config, src_embedding)
         self.decoder = Decoder(config, tgt_embedding)
-        self.output_projection = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        self.output_projection = nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.output_bias)
+        if config.output_bias:
+            nn.init.zeros_(self.output_projection.bias)
         if config.tie_embeddings:
             self.output_projection.weight = tgt_embedding.weight
         else:

@@ -19,7 +19,7 @@ Under autocast the matrix products run in the autocast dtype (bf16, fp16) and th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -33,11 +33,11 @@ CHUNK_ROWS = 256
 
 
 class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
-    """Summed loss and summed NLL of softmax(hidden Wᵀ) over the rows whose target is not pad."""
+    """Summed loss and summed NLL of softmax(hidden Wᵀ + b) over the rows whose target is not pad."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int,
-                matmul_dtype: torch.dtype, wants_grad: bool) -> tuple[Tensor, Tensor]:
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, epsilon: float,
+                pad_id: int, matmul_dtype: torch.dtype, wants_grad: bool) -> tuple[Tensor, Tensor]:
         n, vocab_size = hidden.size(0), weight.size(0)
         uniform = epsilon / (vocab_size - 1)  # q_k of every token but the reference and pad
         compute_dtype = torch.promote_types(matmul_dtype, torch.float32)  # the softmax never in half precision
@@ -46,23 +46,30 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(h) if wants_grad and ctx.needs_input_grad[0] else None
         grad_weight = (torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
                        if wants_grad and ctx.needs_input_grad[1] else None)
+        b = None if bias is None else bias.to(compute_dtype)
+        grad_bias = torch.zeros_like(b) if b is not None and wants_grad and ctx.needs_input_grad[2] else None
         loss = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         nll_sum = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         for start in range(0, n, CHUNK_ROWS):
             rows = slice(start, start + CHUNK_ROWS)
             y, k, h_rows = target[rows, None], keep[rows], h[rows]
-            log_p = torch.log_softmax(h_rows @ w.t(), dim=-1, dtype=compute_dtype)  # (rows, vocab_size)
+            logits = h_rows @ w.t()  # (rows, vocab_size)
+            logits = logits if b is None else logits + b
+            log_p = torch.log_softmax(logits, dim=-1, dtype=compute_dtype)
             nll = -log_p.gather(-1, y).squeeze(-1)  # -log p_y
             smooth = -(log_p.sum(-1) - log_p[:, pad_id]) / (vocab_size - 1)  # -mean_{k != pad} log p_k
             loss += (((1.0 - epsilon) * nll + epsilon * smooth) * k).sum()
             nll_sum += (nll * k).sum()
-            if grad_hidden is None and grad_weight is None:
+            if grad_hidden is None and grad_weight is None and grad_bias is None:
                 continue
             g = log_p.exp_()  # dL/dlogits = p - q on kept rows, 0 on pad rows: first p,
             g.sub_(uniform)  # p - ε·u on every token ...
             g[:, pad_id] += uniform  # ... but pad, which has q = 0
             g.scatter_add_(-1, y, torch.full_like(k[:, None], epsilon - 1.0))  # reference: q = 1 - ε + ε·u
-            g = g.mul_(k[:, None]).to(matmul_dtype)
+            g = g.mul_(k[:, None])
+            if grad_bias is not None:
+                grad_bias += g.sum(0)
+            g = g.to(matmul_dtype)
             if grad_hidden is not None:
                 torch.mm(g, w, out=grad_hidden[rows])  # (rows, d_model)
             if grad_weight is not None:
@@ -71,32 +78,33 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                 else:  # summed over the chunks in float32
                     grad_weight += (g.t() @ h_rows).to(compute_dtype)
         # Intermediates, not inputs or outputs: kept as attributes.
-        ctx.grads = (grad_hidden, grad_weight)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Any) -> tuple[Any, ...]:
         grads = [None if g is None else g.to(dtype) * grad_loss.to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes)]
-        return grads[0], grads[1], None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None
 
 
 def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                                           pad_id: int) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed loss and summed negative log-likelihood of logits = hidden Wᵀ over the non-pad
+                                           pad_id: int, bias: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed negative log-likelihood of logits = hidden Wᵀ + b over the non-pad
     targets, without building the logits of all rows at once (see the module docstring).
 
     Args:
         hidden: `(n, d_model)` decoder outputs (float32, or half precision).
-        weight: `(vocab_size, d_model)` the output projection W (no bias), e.g. the tied embedding matrix.
+        weight: `(vocab_size, d_model)` the output projection W, e.g. the tied embedding matrix.
         target: `(n,)` LongTensor of reference ids; positions equal to pad_id are ignored.
         epsilon: ε_ls in [0, 1).
         pad_id: id of the padding token.
+        bias: `(vocab_size,)` the output projection's bias b, or None.
 
     Returns:
         (loss, nll): scalar tensors, sums over the non-pad positions (divide by their number for a
-        per-token value); only `loss` carries a gradient (to `hidden` and `weight`). The products run in the
+        per-token value); only `loss` carries a gradient (to `hidden`, `weight` and `bias`). The products run in the
         autocast dtype when autocast is on, else in the promoted dtype of the inputs; the softmax and the sums in
         float32 at least.
     """
@@ -108,8 +116,8 @@ def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, targe
     # Grad mode is off inside forward, and needs_input_grad is set even under no_grad: decide here.
     wants_grad = torch.is_grad_enabled()
     with torch.autocast(device_type, enabled=False):  # the function casts by itself
-        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, epsilon, pad_id, matmul_dtype,
-                                                         wants_grad)
+        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, bias, target, epsilon, pad_id,
+                                                         matmul_dtype, wants_grad)
 
 
 class LossComputation(nn.Module):
@@ -136,8 +144,9 @@ class LossComputation(nn.Module):
             Summed label-smoothed loss and summed NLL over the non-pad targets (scalars).
         """
         hidden = self.model.hidden_states(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, d_model)
-        return projected_label_smoothed_cross_entropy(hidden.flatten(0, 1), self.model.output_projection.weight,
-                                                      tgt_out.flatten(), self.label_smoothing, PAD_ID)
+        projection = self.model.output_projection
+        return projected_label_smoothed_cross_entropy(hidden.flatten(0, 1), projection.weight, tgt_out.flatten(),
+                                                      self.label_smoothing, PAD_ID, projection.bias)
 
 
 def batch_loss(module: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:

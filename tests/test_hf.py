@@ -1,0 +1,213 @@
+"""Hugging Face Marian models in and out (`transformer/hf.py`), checked against `transformers` itself on tiny models
+built here (no network): logits, greedy and beam outputs, round trips that keep every tensor, and every refusal."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from tests.hf_models import sentences, write_marian, write_our_checkpoint
+from transformer.checkpoint import ExportError, load_for_inference
+from transformer.cli import main
+from transformer.config import ConfigError
+from transformer.decoding import max_output_length
+from transformer.hf import export_huggingface, marian_order
+from transformer.translate import Translator
+
+transformers = pytest.importorskip("transformers")
+safetensors = pytest.importorskip("safetensors.torch")
+
+
+def _hf(folder):
+    return (transformers.MarianTokenizer.from_pretrained(folder),
+            transformers.MarianMTModel.from_pretrained(folder).eval())
+
+
+def _generate(folder, lines, num_beams, max_new_tokens):
+    tokenizer, model = _hf(folder)
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
+                             length_penalty=0.0, early_stopping=True)
+    return tokenizer.batch_decode(out[:, 1:], skip_special_tokens=True)  # without the decoder start token
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+    return write_marian(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")
+
+
+def test_marian_order_moves_the_sines_first_and_the_cosines_second():
+    order = marian_order(8)
+    assert order.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    from transformer.model.layers import SinusoidalPositionalEncoding
+
+    ours = SinusoidalPositionalEncoding(8, 10).table
+    f = torch.pow(10000.0, -torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    pos = torch.arange(10, dtype=torch.float64)[:, None]
+    marian = torch.cat([torch.sin(pos * f), torch.cos(pos * f)], dim=1).float()  # Marian's table, halves
+    assert torch.allclose(ours[:, order], marian, atol=1e-6)
+
+
+def test_imported_marian_model_gives_the_logits_of_transformers(marian_dir):
+    tokenizer, hf = _hf(marian_dir)
+    config, model, ours = load_for_inference(marian_dir)
+    lines = sentences(6, seed=3)
+    lines[0] = ">>fra<< " + lines[0]  # a target-language token, kept as one piece
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    to_marian = torch.tensor(ours.export_order)  # our id of each Marian id
+    marian_of = torch.argsort(to_marian)  # unique here: pad and the decoder start are one Marian token
+    our_src = [torch.tensor(ids) for ids in ours.encode_src(lines)]
+    for row, ids in zip(batch.input_ids, our_src):
+        assert to_marian[row[: len(ids)]].tolist() == ids.tolist()  # same tokens, our ids
+    assert ours.src_pieces(lines[0])[0] == ">>fra<<"
+    src = torch.nn.utils.rnn.pad_sequence(our_src, batch_first=True, padding_value=0)
+    tgt_marian = torch.tensor([[config.model.tgt_vocab_size - 2, 5, 9, 7, 0]] * len(lines))
+    tgt_marian[:, 0] = hf.config.decoder_start_token_id
+    tgt_ours = to_marian[tgt_marian]
+    with torch.no_grad():
+        theirs = hf(**batch, decoder_input_ids=tgt_marian).logits  # (batch, 5, marian vocab)
+        logits = model(src, tgt_ours)  # (batch, 5, our vocab)
+    kept = [i for i in range(len(ours.export_order)) if i != hf.config.pad_token_id]  # pad: never produced
+    assert (logits[..., to_marian[kept]] - theirs[..., kept]).abs().max() < 1e-4
+    assert marian_of.numel() == len(ours.export_order)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_imported_model_translates_as_generate_does(marian_dir, beam_size):
+    config, model, tokenizer = load_for_inference(marian_dir)
+    lines = sentences(24, seed=7)
+    translator = Translator(model, tokenizer, config, torch.device("cpu"))
+    ours = translator.translate(lines, beam_size=beam_size, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
+    theirs = _generate(marian_dir, lines, beam_size, 12)
+    assert sum(a == b for a, b in zip(ours, theirs)) == len(lines), [(a, b) for a, b in zip(ours, theirs) if a != b]
+    assert 0 < translator.stats.n_hit_max_len < len(lines)  # some end with eos before the cap, some do not
+
+
+def test_marian_to_ours_to_marian_keeps_every_tensor(marian_dir, tmp_path):
+    out = export_huggingface(marian_dir, tmp_path / "again")
+    before = safetensors.load_file(str(marian_dir / "model.safetensors"))
+    after = safetensors.load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+    assert json.loads((out / "vocab.json").read_text()) == json.loads((marian_dir / "vocab.json").read_text())
+    assert _generate(out, sentences(8, 2), 1, 10) == _generate(marian_dir, sentences(8, 2), 1, 10)
+
+
+def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path):
+    checkpoint = write_our_checkpoint(tmp_path / "ours.pt")
+    out = export_huggingface(checkpoint, tmp_path / "hf")
+    config, model, tokenizer = load_for_inference(checkpoint)
+    config2, model2, tokenizer2 = load_for_inference(out)
+    original, back = model.state_dict(), model2.state_dict()
+    for name in original:
+        assert torch.equal(original[name], back[name]), name
+    assert not torch.count_nonzero(back["output_projection.bias"])  # ours has no bias: a zero one comes back
+    assert config2.decoding == config.decoding and config2.data.src_lang == "de"
+    lines = sentences(20, seed=11)
+    assert tokenizer2.encode_src(lines) == tokenizer.encode_src(lines)
+    ours = Translator(model, tokenizer, config, torch.device("cpu"))
+    greedy = ours.translate(lines, beam_size=1, max_len_a=0.0, max_len_b=10)
+    assert _generate(out, lines, 1, 10) == greedy  # plain transformers code on the export
+
+
+def test_export_logits_equal_ours(tmp_path):
+    checkpoint = write_our_checkpoint(tmp_path / "ours.pt", seed=1)
+    out = export_huggingface(checkpoint, tmp_path / "hf")
+    config, model, tokenizer = load_for_inference(checkpoint)
+    hf_tokenizer, hf = _hf(out)
+    lines = sentences(5, seed=4)
+    batch = hf_tokenizer(lines, return_tensors="pt", padding=True)
+    assert [row[mask.bool()].tolist() for row, mask in zip(batch.input_ids, batch.attention_mask)] == \
+        tokenizer.encode_src(lines)
+    tgt = torch.tensor([[2, 7, 9, 11]] * len(lines))
+    with torch.no_grad():
+        assert (hf(**batch, decoder_input_ids=tgt).logits - model(batch.input_ids, tgt)).abs().max() < 1e-4
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["decoder_start_token_id"] == 2 and generation["suppress_tokens"] == [0, 2]
+    assert generation["num_beams"] == config.decoding.beam_size
+
+
+def test_cli_translate_and_export_of_a_marian_folder(marian_dir, tmp_path, capsys):
+    lines = sentences(6, seed=9)
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    assert main(["translate", "--checkpoint", str(marian_dir), "--input", str(tmp_path / "in.txt"),
+                 "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "12"]) == 0
+    assert capsys.readouterr().out.splitlines() == _generate(marian_dir, lines, 1, 12)
+    assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
+                 "--output", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
+                 "--output", str(tmp_path / "hf")]) == 2  # exists: no overwrite without --force
+    assert "use --force" in capsys.readouterr().err
+    assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
+                 "--output", str(tmp_path / "hf"), "--force"]) == 0
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
+                 "--output", str(tmp_path / "other"), "--force"]) == 2
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep me"
+
+
+def test_export_refuses_what_marian_cannot_express(tmp_path, capsys):
+    checkpoint = write_our_checkpoint(tmp_path / "prenorm.pt", norm_first=True)
+    with pytest.raises(ExportError, match="model.norm_first"):
+        export_huggingface(checkpoint, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    assert main(["export", "--format", "huggingface", "--checkpoint", str(checkpoint),
+                 "--output", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.norm_first" in err[0]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("scale_embedding", False, "scale_embedding=False"),
+    ("decoder_ffn_dim", 48, "decoder_ffn_dim=48"),
+    ("activation_function", "tanh", "activation_function='tanh'"),
+    ("share_encoder_decoder_embeddings", False, "share_encoder_decoder_embeddings=False"),
+])
+def test_import_refuses_what_our_model_cannot_express(tmp_path, field, value, message):
+    folder = write_marian(tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_for_inference(folder)
+
+
+def test_decoder_start_other_than_pad_is_kept(tmp_path):
+    folder = write_marian(tmp_path / "m", decoder_start_is_pad=False)  # starts with >>fra<< (id 2)
+    config, model, tokenizer = load_for_inference(folder)
+    assert config.model.tgt_vocab_size == len(tokenizer.export_order)  # no extra row: start has its own
+    lines = sentences(10, seed=5)
+    ours = Translator(model, tokenizer, config, torch.device("cpu")).translate(
+        lines, beam_size=1, max_len_a=0.0, max_len_b=12)
+    assert ours == _generate(folder, lines, 1, 12)
+
+
+@pytest.mark.slow
+def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_subset, tmp_path):
+    """The parity the export promises, on the small trained model: logits within 1e-4 and `generate`'s greedy text
+    equal to ours on >= 99% of the test lines (each `generate` output cut at our length cap)."""
+    checkpoint = trained_run / "checkpoints" / "best.pt"
+    out = export_huggingface(checkpoint, tmp_path / "hf")
+    translator = Translator.from_checkpoint(checkpoint)
+    tokenizer, hf = _hf(out)
+    lines = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")
+    lines = [line for line in lines if line][:100]
+    ours = translator.translate(lines, beam_size=1)
+    decoding, theirs = translator.config.decoding, []
+    with torch.no_grad():
+        for start in range(0, len(lines), 50):
+            batch = tokenizer(lines[start:start + 50], return_tensors="pt", padding=True)
+            logits = hf(**batch, decoder_input_ids=torch.full((len(batch.input_ids), 3), 2)).logits
+            assert (logits - translator.model(batch.input_ids, torch.full((len(logits), 3), 2))).abs().max() < 1e-4
+            generated = hf.generate(**batch, num_beams=1, do_sample=False)
+            for row, n in zip(generated.tolist(), batch.attention_mask.sum(1).tolist()):
+                cap = max_output_length(n, decoding.max_len_a, decoding.max_len_b, translator.config.model.max_positions)
+                theirs.append(tokenizer.decode(row[:1 + cap], skip_special_tokens=True))
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(lines)
