@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--export", required=True)
     parser.add_argument("--split", default=None, help="default: the checkpoint's data.test_split")
-    parser.add_argument("--data", default=None, help="folder of {split}.{lang}.gz (default: the checkpoint's data.path)")
+    parser.add_argument("--data", default=None, help="folder of {split}.{lang}.gz (default: data.path)")
     parser.add_argument("--beam-size", type=int, default=None, help="default: the checkpoint's decoding.beam_size")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()

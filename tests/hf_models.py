@@ -29,9 +29,11 @@ def marian_spm(seed: int = 0, vocab_size: int = 60) -> bytes:
     return model.getvalue()
 
 
-def write_marian(folder: Path, seed: int = 0, decoder_start_is_pad: bool = True, **config) -> Path:
-    """A MarianMTModel folder with random weights (std 0.3, so that the output distributions are peaked) and a
-    random final_logits_bias, saved by `transformers` itself, with its MarianTokenizer files."""
+def write_marian(folder: Path, seed: int = 0, decoder_start_is_pad: bool = True, weight_std: float = 0.3,
+                 **config) -> Path:
+    """A MarianMTModel folder with random weights (std 0.3 by default, so that the output distributions are peaked;
+    0: transformers' own initialisation) and a random final_logits_bias, saved by `transformers` itself, with its
+    MarianTokenizer files."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -55,8 +57,8 @@ def write_marian(folder: Path, seed: int = 0, decoder_start_is_pad: bool = True,
     torch.manual_seed(seed)
     model = MarianMTModel(MarianConfig(**settings)).eval()
     with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            tensor.normal_(0.0, 0.3) if "layer_norm" not in name else tensor.normal_(1.0, 0.1)
+        for name, tensor in model.named_parameters() if weight_std else ():
+            tensor.normal_(0.0, weight_std) if "layer_norm" not in name else tensor.normal_(1.0, 0.1)
         model.final_logits_bias.normal_(0.0, 0.5)
         model.final_logits_bias[0, 0] += 3.0  # eos: some outputs end before the length cap
     model.generation_config.max_length = 64

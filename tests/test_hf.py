@@ -10,14 +10,23 @@ import pytest
 import torch
 
 from tests.hf_models import sentences, write_marian, write_our_checkpoint
-from transformer.checkpoint import ExportError, load_for_inference
+from transformer.checkpoint import load_for_inference
 from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.decoding import max_output_length
-from transformer.hf import export_huggingface, marian_order
+from transformer.files import ExportError
+from transformer.hf import export_huggingface as _export
+from transformer.hf import marian_order
 from transformer.translate import Translator
 
 transformers = pytest.importorskip("transformers")
+
+
+def export_huggingface(checkpoint, output):
+    """As `transformer export --format huggingface --checkpoint CHECKPOINT --output OUTPUT`."""
+    return _export(*load_for_inference(checkpoint), output)
+
+
 safetensors = pytest.importorskip("safetensors.torch")
 
 
@@ -208,6 +217,7 @@ def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_su
             assert (logits - translator.model(batch.input_ids, torch.full((len(logits), 3), 2))).abs().max() < 1e-4
             generated = hf.generate(**batch, num_beams=1, do_sample=False)
             for row, n in zip(generated.tolist(), batch.attention_mask.sum(1).tolist()):
-                cap = max_output_length(n, decoding.max_len_a, decoding.max_len_b, translator.config.model.max_positions)
+                cap = max_output_length(n, decoding.max_len_a, decoding.max_len_b,
+                                        translator.config.model.max_positions)
                 theirs.append(tokenizer.decode(row[:1 + cap], skip_special_tokens=True))
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(lines)

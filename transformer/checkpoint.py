@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import Config, config_from_dict
+from .files import CheckpointError
+from .hf import is_marian_dir, load_marian
 from .model import Transformer
 from .tokenizer import Tokenizer
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupt, or holds more than plain data."""
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
@@ -107,8 +103,6 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
         CheckpointError: the file is missing, corrupt, unsafe, or its weights do not fit its config.
         ConfigError: a Marian folder whose model ours cannot express (naming the field).
     """
-    from .hf import is_marian_dir, load_marian
-
     if is_marian_dir(path):
         return load_marian(path, map_location)
     state = load_checkpoint(path, map_location=map_location)
@@ -125,55 +119,3 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
                               f"{str(err).splitlines()[0][:200]}") from None
     return config, model.to(map_location).eval(), tokenizer
 
-
-class ExportError(ValueError):
-    """A model cannot be exported (or imported), an output folder cannot be replaced, or a converter is missing."""
-
-
-def check_replaceable(output_dir: Path, force: bool, is_earlier_export: Callable[[Path], bool], marks: str) -> None:
-    """Refuse an existing output unless `force` and it is an earlier export or an empty folder.
-
-    Args:
-        is_earlier_export: tells an earlier export of the same kind.
-        marks: what such an export holds, for the message (e.g. "no model.bin and transformer_nmt.json").
-
-    Raises:
-        ExportError: naming the folder and what it holds.
-    """
-    if not output_dir.exists() and not output_dir.is_symlink():
-        return
-    if not force:
-        raise ExportError(f"{output_dir} exists; use --force to replace it")
-    if output_dir.is_symlink() or not output_dir.is_dir():
-        raise ExportError(f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder")
-    if not is_earlier_export(output_dir) and any(output_dir.iterdir()):
-        names = sorted(p.name for p in output_dir.iterdir())
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ExportError(f"--output {output_dir} holds files ({shown}) but is not an earlier export ({marks}); "
-                          "--force replaces only an export or an empty folder: choose another --output")
-
-
-def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
-    """Build a folder under a temporary name beside `output_dir` (`write(staging)`), then rename it into place.
-
-    A failure leaves no partial folder; an existing `output_dir` (already checked by `check_replaceable`) is
-    replaced only once the new one is complete, and is put back if the rename fails.
-    """
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
-        write(staging)
-        if output_dir.exists():  # an earlier export or an empty folder (checked): out of the way, then gone
-            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
-            output_dir.rename(retired / output_dir.name)
-            try:
-                staging.rename(output_dir)
-            except BaseException:
-                (retired / output_dir.name).rename(output_dir)  # the earlier export back in its place
-                raise
-            shutil.rmtree(retired)
-        else:
-            staging.rename(output_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)

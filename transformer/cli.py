@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config "
                        "value, e.g. --set training.max_steps=200 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
+    train.add_argument("--init-from", metavar="SOURCE", help="fine-tune: start from the weights and tokenizer of "
+                       "this checkpoint (.pt) or MarianMT folder; the model's keys come from it")
 
     prepare = command("prepare", help="build the tokenizer and the training token cache ahead of training")
     prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
@@ -186,13 +188,14 @@ def _as_typed(err: Exception, command: str) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .training.distributed import shutdown_distributed
+    from .training.init_from import run_config
     from .training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
-    config = load_config(args.config, args.set)
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    config, source = run_config(args.config, args.set, run_dir, args.init_from, args.resume)
     finished = False
     try:
-        state = train(config, run_dir, resume=args.resume)
+        state = train(config, run_dir, resume=args.resume, init=source)
         finished = True
     except TrainingInterrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
@@ -227,8 +230,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     paths = args.checkpoints or last_checkpoints(args.run_dir, args.last)
     averaged = average_to_file(paths, args.output)
     print(f"wrote {args.output}: the average of {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} "
-          f"({', '.join(str(p) for p in paths)}); "
-          f"step {averaged['train_state'].get('step', '?')}")
+          f"({', '.join(str(p) for p in paths)}); step {averaged['train_state'].get('step', '?')}")
     return 0
 
 
@@ -357,17 +359,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .ct2 import export_ctranslate2
-
+    if args.format == "huggingface" and args.quantization:
+        raise ExportError("--quantization applies to --format ctranslate2 only")
     if args.format == "huggingface":
+        from .checkpoint import load_for_inference
         from .hf import export_huggingface
 
-        if args.quantization:
-            raise ExportError("--quantization applies to --format ctranslate2 only")
-        out = export_huggingface(args.checkpoint, args.output, force=args.force)
-        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel.from_pretrained and "
-              "MarianTokenizer.from_pretrained")
+        out = export_huggingface(*load_for_inference(args.checkpoint), args.output, force=args.force)
+        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer")
         return 0
+    from .ct2 import export_ctranslate2
+
     out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization, force=args.force)
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as "
           f"`transformer translate --checkpoint {out}` or with ctranslate2.Translator")

@@ -27,10 +27,11 @@ from typing import Any, Optional
 
 import torch
 
-from .checkpoint import ExportError, check_replaceable, load_for_inference, write_folder
+from .checkpoint import load_for_inference
 from .config import Config, DecodingConfig, OptionError, config_from_dict
 from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
+from .files import ExportError, check_replaceable, write_folder
 from .tokenizer import Tokenizer
 from .translate import check_workers, decoding_options
 

@@ -39,8 +39,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError, ExportError, check_replaceable, load_for_inference, write_folder
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Config, ConfigError, config_from_dict
+from .files import CheckpointError, ExportError, check_replaceable, write_folder
 from .model import Transformer
 from .tokenizer import SPECIAL_PIECES, Tokenizer, TokenizerError
 
@@ -206,24 +206,24 @@ def generation_config(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
             "suppress_tokens": suppressed, "bad_words_ids": None}
 
 
-def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bool = False) -> Path:
-    """Write a MarianMTModel folder that `transformers` loads with no code of ours (see the module docstring).
+def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer, output_dir: str | Path,
+                       force: bool = False) -> Path:
+    """Write a MarianMT folder that `transformers` loads with no code of ours (see the module docstring).
 
     The folder is built under a temporary name and renamed into place when complete (as the CTranslate2 export).
 
     Args:
-        checkpoint: one of our `.pt` checkpoints, or a Marian folder (imported, then written again).
+        config, model, tokenizer: as `checkpoint.load_for_inference` returns them (one of our checkpoints, or a
+            Marian folder imported, which is then written again with every tensor as it was).
         force: replace an existing output folder, if it is an earlier export or empty.
 
     Raises:
         ExportError: a model Marian cannot express (naming the config key), safetensors missing, or an output that
             exists (without `force`, or with it when it is something other than an earlier export or empty).
-        CheckpointError: the checkpoint cannot be read.
     """
     safetensors = _safetensors()
     output_dir = Path(output_dir)
     check_replaceable(output_dir, force, is_marian_dir, "no config.json of a Marian model")
-    config, model, tokenizer = load_for_inference(checkpoint)
     _check_exportable(config, tokenizer)
     state = to_marian_state(model, config, tokenizer.export_order)
     special = _special_ids(tokenizer)
@@ -277,7 +277,8 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
     def refuse(field: str, why: str) -> None:
         raise ConfigError(f"{folder / 'config.json'}: {field}={marian.get(field)!r}: {why}")
 
-    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"),
+                         ("encoder_ffn_dim", "decoder_ffn_dim")):
         if marian.get(ours) != marian.get(theirs):
             refuse(theirs, f"differs from {ours}={marian.get(ours)!r}; our model has one n_heads and one d_ff")
     if not marian.get("scale_embedding", False):

@@ -1,7 +1,7 @@
 """Configuration: the sections of a recipe (`sections.py`: dataclasses, defaults, meanings) and reading one
 (`loading.py`: YAML, type checks, `--set` overrides)."""
 
-from .loading import config_from_dict, load_config, override_config, save_config
+from .loading import config_from_dict, load_config, override_config, read_raw_config, save_config
 from .sections import (
                        BOS_ID,
                        EOS_ID,
@@ -18,4 +18,4 @@ from .sections import (
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Config", "ConfigError", "DataConfig", "DecodingConfig",
            "OptionError", "TrainingConfig", "TransformerConfig", "config_from_dict", "load_config", "override_config",
-           "save_config"]
+           "read_raw_config", "save_config"]

@@ -142,6 +142,16 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
             the message starts with the file name (and the overrides, if any) and names the key path.
     """
+    return _with_overrides(read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None)
+
+
+def read_raw_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """The YAML recipe as a plain mapping, with the overrides applied but nothing validated or filled in: what the
+    file and the command line set (fine-tuning compares it with the model it starts from).
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or an override is malformed.
+    """
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -149,7 +159,13 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return _with_overrides(raw, overrides, tuple(_SECTIONS), str(path), None)
+    if overrides and isinstance(raw, dict):  # not a mapping: config_from_dict says so
+        try:
+            for override in overrides:
+                _apply_override(raw, override)
+        except ConfigError as err:
+            raise ConfigError(f"{path} with --set {' '.join(overrides)}: {err}") from None
+    return raw
 
 
 def override_config(config: Config, overrides: tuple[str, ...] | list[str],

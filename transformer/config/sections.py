@@ -260,6 +260,11 @@ class TrainingConfig:
     Weights and optimizer state stay fp32."""
     compile: bool = False
     """Wrap the training module with torch.compile."""
+    init_from: Optional[str] = None
+    """Set by `transformer train --init-from SOURCE`: the checkpoint or MarianMT folder whose weights and tokenizer
+    the run started from (fine-tuning); null: trained from scratch."""
+    init_from_sha256: Optional[str] = None
+    """SHA-256 of init_from's content (the file, or the folder's files), recorded when the run started."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "warmup_steps", "accumulate_steps", "log_every_steps", "eval_every_steps",

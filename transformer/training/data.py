@@ -30,19 +30,28 @@ class ValidationSet:
     references: list[str]
 
 
-def prepare_tokenizer(config: Config, run_dir: Path) -> Tokenizer:
-    """The run's tokenizer: the one saved in run_dir, else one trained on a sample of the training split and saved.
+def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] = None) -> Tokenizer:
+    """The run's tokenizer: `given` (fine-tuning: the source's, saved in run_dir), else the one saved in run_dir,
+    else one trained on a sample of the training split and saved.
 
     The sample is `data.spm_max_sentences` sentences per model (see its docstring), drawn with training.seed.
 
     Raises:
         DataError: bad training files.
         TokenizerError: vocabulary size unreachable.
-        ConfigError: the saved tokenizer's vocabulary size differs from data.vocab_size.
+        ConfigError: the saved tokenizer's vocabulary size differs from data.vocab_size, or run_dir holds another
+            tokenizer than `given`.
     """
     data = config.data
     tokenizer = Tokenizer.load(run_dir, data.src_lang, data.tgt_lang, data.joint_vocab)
-    if tokenizer is None:
+    if given is not None:
+        if tokenizer is not None and tokenizer.digest() != given.digest():
+            raise ConfigError(f"--init-from: {run_dir} holds another tokenizer (spm*.model) than the source's; "
+                              "fine-tune into a new --run-dir")
+        if tokenizer is None:
+            given.save(run_dir, data.src_lang, data.tgt_lang)
+        tokenizer = given
+    elif tokenizer is None:
         source = open_split(data, data.train_split)
         n_pairs = len(source)
         per_model = -(-data.spm_max_sentences // 2) if data.joint_vocab else data.spm_max_sentences
@@ -77,8 +86,9 @@ def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
 
 
 def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = None,
-                 ) -> tuple[Tokenizer, EncodedPairs, Optional[ValidationSet]]:
-    """Tokenizer, training pairs (memory-mapped token cache) and validation set of a run.
+                 tokenizer: Optional[Tokenizer] = None) -> tuple[Tokenizer, EncodedPairs, Optional[ValidationSet]]:
+    """Tokenizer (`tokenizer` if given: fine-tuning), training pairs (memory-mapped token cache) and validation set
+    of a run.
 
     Every process calls this; the collectives inside order the work as the module docstring says.
 
@@ -89,14 +99,14 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
         ConfigError, DataError, TokenizerError, TokenCacheError: before any long work where possible.
     """
     dist = dist or Distributed()
-    tokenizer = valid = None
+    given, valid = tokenizer, None
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer = prepare_tokenizer(config, run_dir)
+        tokenizer = prepare_tokenizer(config, run_dir, given)
         valid = load_validation(config, tokenizer)
     dist.broadcast(None)  # the others wait for the tokenizer
     if not dist.is_main:
-        tokenizer = prepare_tokenizer(config, run_dir)
+        tokenizer = prepare_tokenizer(config, run_dir, given)
     train = get_token_cache(config.data, config.data.train_split, tokenizer, build=dist.local_rank == 0)
     logger.info("train: %d pairs (%d source + %d target tokens, eos included on both sides)", len(train),
                 int(train.src_lengths.sum()), int(train.tgt_lengths.sum()))

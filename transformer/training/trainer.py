@@ -42,6 +42,7 @@ from ..tokenizer import Tokenizer
 from .checkpoint import TrainState, checkpoint_path, restore, save_training_checkpoint
 from .data import ValidationSet, epoch_batches, prepare_data
 from .distributed import Distributed, init_distributed
+from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
 from .validate import MetricsLog, validate
@@ -127,7 +128,7 @@ def check_no_earlier_run(run_dir: Path) -> None:
                           f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}")
 
 
-def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainState:
+def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optional[InitSource] = None) -> TrainState:
     """Train a Transformer as the config says, writing everything into run_dir.
 
     Under torchrun (WORLD_SIZE > 1) every process runs this; they split each update's batches, DDP averages
@@ -139,6 +140,8 @@ def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainSta
         resume: continue from `run_dir/checkpoints/last.pt` with the same schedule, optimizer moments,
             batch order position and RNG state (any number of processes); the config may differ from the
             checkpoint's only as `training/checkpoint.py`'s resume contract allows.
+        init: fine-tuning (`training/init_from.py`): start from these weights and this tokenizer (`config` from
+            `fine_tuning_config`); everything else starts fresh. Not with `resume`.
 
     Returns:
         The final `TrainState`.
@@ -157,10 +160,16 @@ def train(config: Config, run_dir: str | Path, resume: bool = False) -> TrainSta
         check_no_earlier_run(run_dir)
     dist = init_distributed()
     device = _setup(config, dist)
-    tokenizer, train_data, valid_data = prepare_data(config, run_dir, dist)
+    if init is not None and resume:
+        raise ConfigError("--init-from starts a new run; --resume continues one from its own last.pt")
+    tokenizer, train_data, valid_data = prepare_data(config, run_dir, dist, init.tokenizer if init else None)
     if dist.is_main:
         save_config(config, run_dir / "config.yaml")
-    model = Transformer(config.model).to(device)
+    model = Transformer(config.model)
+    if init is not None:
+        model.load_state_dict(init.model_state)
+        logger.info("fine-tuning: weights and tokenizer from %s (sha256 %s)", init.path, init.sha256[:16])
+    model = model.to(device)
     optimizer = build_optimizer(model, config.training, device)
     state = restore(run_dir, model, optimizer, config, device, dist) if resume else TrainState()
     config = _resolve_precision(config, state, device, dist)

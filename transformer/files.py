@@ -1,0 +1,70 @@
+"""Safe files: the errors of reading a model and of writing an export, and folders written all at once.
+
+An export (CTranslate2, Hugging Face) is built under a temporary name beside its destination and renamed into place
+when complete (`write_folder`), and replaces an existing folder only when asked to and only if that folder is an
+earlier export or empty (`check_replaceable`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file (or model folder) is missing, truncated, corrupt, or holds more than plain data."""
+
+
+class ExportError(ValueError):
+    """A model cannot be exported (or imported), an output folder cannot be replaced, or a converter is missing."""
+
+
+def check_replaceable(output_dir: Path, force: bool, is_earlier_export: Callable[[Path], bool], marks: str) -> None:
+    """Refuse an existing output unless `force` and it is an earlier export or an empty folder.
+
+    Args:
+        is_earlier_export: tells an earlier export of the same kind.
+        marks: what such an export holds, for the message (e.g. "no model.bin and transformer_nmt.json").
+
+    Raises:
+        ExportError: naming the folder and what it holds.
+    """
+    if not output_dir.exists() and not output_dir.is_symlink():
+        return
+    if not force:
+        raise ExportError(f"{output_dir} exists; use --force to replace it")
+    if output_dir.is_symlink() or not output_dir.is_dir():
+        raise ExportError(f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder")
+    if not is_earlier_export(output_dir) and any(output_dir.iterdir()):
+        names = sorted(p.name for p in output_dir.iterdir())
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ExportError(f"--output {output_dir} holds files ({shown}) but is not an earlier export ({marks}); "
+                          "--force replaces only an export or an empty folder: choose another --output")
+
+
+def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
+    """Build a folder under a temporary name beside `output_dir` (`write(staging)`), then rename it into place.
+
+    A failure leaves no partial folder; an existing `output_dir` (already checked by `check_replaceable`) is
+    replaced only once the new one is complete, and is put back if the rename fails.
+    """
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        write(staging)
+        if output_dir.exists():  # an earlier export or an empty folder (checked): out of the way, then gone
+            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
+            output_dir.rename(retired / output_dir.name)
+            try:
+                staging.rename(output_dir)
+            except BaseException:
+                (retired / output_dir.name).rename(output_dir)  # the earlier export back in its place
+                raise
+            shutil.rmtree(retired)
+        else:
+            staging.rename(output_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)

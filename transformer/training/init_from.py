@@ -1,0 +1,164 @@
+"""Fine-tuning: a run that starts from another model's weights and tokenizer (`transformer train --init-from`).
+
+    transformer train --config C --init-from RUN/checkpoints/best.pt     # one of our checkpoints
+    transformer train --config C --init-from opus-mt-de-en               # a MarianMT folder (transformer/hf.py)
+
+The weights and the tokenizer come from SOURCE (no sentencepiece model is trained); the data, the optimizer, the
+schedule, the counters, the best score, early stopping and the step checkpoints start fresh, so the first
+validation of the new run writes its own best.pt. The keys that SOURCE fixes are taken from it: every model key but
+the dropouts and max_positions (`FIXED_MODEL_KEYS`), and the tokenizer's data keys (`FIXED_DATA_KEYS`). A recipe or
+`--set` that gives one of them another value is refused, naming the key and both values. The run's config records
+SOURCE and the SHA-256 of its content (training.init_from, training.init_from_sha256).
+
+`--resume` of a fine-tuning run continues from its own last.pt, like any run: SOURCE is not read again (the keys it
+fixed come from the run's checkpoint), so it may have moved or changed since.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..checkpoint import load_checkpoint, load_for_inference
+from ..config import Config, ConfigError, TransformerConfig, config_from_dict
+from ..tokenizer import Tokenizer
+
+FREE_MODEL_KEYS = ("dropout", "attention_dropout", "max_positions")
+"""Model keys a fine-tuning run may set differently from its source (they change no weight)."""
+FIXED_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig)
+                         if f.name not in FREE_MODEL_KEYS + ("src_vocab_size", "tgt_vocab_size"))
+"""Model keys taken from the source (sizes, vocabulary sharing, norm placement, activation, output bias)."""
+FIXED_DATA_KEYS = ("vocab_size", "joint_vocab", "spm_model_type")
+"""Data keys that describe the source's tokenizer."""
+
+
+@dataclass
+class InitSource:
+    """What a fine-tuning run starts from.
+
+    Attributes:
+        path: the checkpoint file or MarianMT folder, as given.
+        sha256: of its content (`content_sha256`).
+        config: its config (model section complete).
+        model_state: its weights as our state dict, or None when only the config is known (on --resume).
+        tokenizer: its tokenizer, or None on --resume.
+    """
+
+    path: str
+    sha256: str
+    config: Config
+    model_state: Optional[dict[str, torch.Tensor]] = None
+    tokenizer: Optional[Tokenizer] = None
+
+
+def content_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, or of a folder's files (names and bytes, in name order; hidden files skipped)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    hidden = lambda p: any(part.startswith(".") for part in p.relative_to(path).parts)  # noqa: E731
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p))
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def load_source(path: str | Path) -> InitSource:
+    """Read SOURCE: our checkpoint (.pt) or a MarianMT folder.
+
+    Raises:
+        CheckpointError: missing or unreadable.
+        ConfigError: a Marian model ours cannot express.
+    """
+    config, model, tokenizer = load_for_inference(path)
+    return InitSource(str(path), content_sha256(path), config, model.state_dict(), tokenizer)
+
+
+def source_of_run(last_checkpoint: Path) -> Optional[InitSource]:
+    """The source recorded in a run's last.pt (config only), or None if the run was trained from scratch.
+
+    Raises:
+        CheckpointError: last.pt missing or unreadable.
+    """
+    saved = load_checkpoint(last_checkpoint)
+    config = config_from_dict(saved["config"], vocab_sizes=tuple(saved["vocab_sizes"]))
+    if config.training.init_from is None:
+        return None
+    return InitSource(config.training.init_from, config.training.init_from_sha256, config)
+
+
+def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> Config:
+    """The run's config: the recipe `raw` (YAML with overrides applied, unvalidated) with the keys SOURCE fixes
+    taken from it and the source recorded.
+
+    Args:
+        where: the recipe's name, for messages (e.g. "configs/x.yaml with --set ...").
+
+    Raises:
+        ConfigError: a key SOURCE fixes set to another value (naming the key and both values), or any invalid key.
+    """
+    raw = copy.deepcopy(raw) if isinstance(raw, dict) else raw
+    if not isinstance(raw, dict):
+        return config_from_dict(raw)  # its own error
+    fixed = {"model": (source.config.model, FIXED_MODEL_KEYS), "data": (source.config.data, FIXED_DATA_KEYS)}
+    refused = []
+    for section, (values, keys) in fixed.items():
+        given = raw.get(section) or {}
+        raw[section] = given
+        for key in keys:
+            theirs = getattr(values, key)
+            if key in given and given[key] != theirs:
+                refused.append(f"{section}.{key}={given[key]!r} (the source has {theirs!r})")
+            given[key] = theirs
+    if refused:
+        raise ConfigError(f"{where}: --init-from {source.path} fixes the model and its tokenizer, but the config sets "
+                          f"{'; '.join(refused)}: remove these keys or give the source's values")
+    training = raw.get("training") or {}
+    raw["training"] = training
+    for key, value in (("init_from", source.path), ("init_from_sha256", source.sha256)):
+        if training.get(key) not in (None, value):
+            raise ConfigError(f"{where}: training.{key} is set by --init-from; remove it from the config")
+        training[key] = value
+    model = source.config.model
+    try:
+        return config_from_dict(raw, vocab_sizes=(model.src_vocab_size, model.tgt_vocab_size))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, init_from: Optional[str],
+               resume: bool) -> tuple[Config, Optional[InitSource]]:
+    """The config of `transformer train` and, for a new fine-tuning run, its source (weights and tokenizer to load).
+
+    Without --init-from this is `load_config`; with it, `fine_tuning_config` on SOURCE. With --resume the source
+    recorded in the run's last.pt fixes the keys (SOURCE is not read again; --init-from may then be left out).
+
+    Raises:
+        ConfigError, CheckpointError: as `load_config`, `load_source` and `fine_tuning_config`.
+    """
+    from ..config import load_config, read_raw_config
+    from .checkpoint import checkpoint_path
+
+    where = f"{config_path} with --set {' '.join(overrides)}" if overrides else str(config_path)
+    last = checkpoint_path(run_dir)
+    if resume and last.exists():
+        recorded = source_of_run(last)
+        if recorded is None:
+            if init_from:
+                raise ConfigError(f"--init-from {init_from} with --resume: the run in {run_dir} was trained from "
+                                  "scratch; resume it without --init-from, or fine-tune into a new --run-dir")
+            return load_config(config_path, overrides), None
+        return fine_tuning_config(read_raw_config(config_path, overrides), recorded, where), None
+    if not init_from:
+        return load_config(config_path, overrides), None
+    source = load_source(init_from)
+    return fine_tuning_config(read_raw_config(config_path, overrides), source, where), source
