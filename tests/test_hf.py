@@ -221,3 +221,13 @@ def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_su
                                         translator.config.model.max_positions)
                 theirs.append(tokenizer.decode(row[:1 + cap], skip_special_tokens=True))
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.99 * len(lines)
+
+
+def test_an_imported_marian_model_exports_to_ctranslate2_and_translates_alike(marian_dir, tmp_path):
+    ct2 = pytest.importorskip("transformer.ct2")
+    pytest.importorskip("ctranslate2")
+    ct2.export_ctranslate2(marian_dir, tmp_path / "ct2")
+    lines = sentences(20, seed=3)
+    options = dict(beam_size=1, max_len_a=0.0, max_len_b=12)
+    assert ct2.CTranslate2Translator(tmp_path / "ct2").translate(lines, **options) == \
+        Translator.from_checkpoint(marian_dir).translate(lines, **options)

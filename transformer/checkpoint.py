@@ -7,7 +7,8 @@ reads four of its keys (`load_for_inference`); the full list, and what training 
     model        state_dict of the Transformer
     config       the resolved config as a plain dict (`Config.to_dict()`)
     vocab_sizes  [src_vocab_size, tgt_vocab_size]
-    tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models
+    tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models; an imported vocabulary
+                 adds "vocab" and "export_order" (lists, see `Tokenizer`)
 """
 
 from __future__ import annotations
