@@ -44,6 +44,13 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
     group.add_argument("--batch-size", type=int, help="sentences decoded together")
     group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
     group.add_argument("--max-len-b", type=int, help="see --max-len-a")
+    group.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no output repeats an N-gram of pieces")
+    group.add_argument("--sampling", action="store_const", const=True, help="draw each token at random from the "
+                       "model's distribution (beam size 1; with --n-best K: K samples per input)")
+    group.add_argument("--top-k", type=int, help="with --sampling: draw among the K most probable tokens (0: all)")
+    group.add_argument("--top-p", type=float, help="with --sampling: draw from the nucleus of probability P")
+    group.add_argument("--temperature", type=float, help="with --sampling: divide the logits by T (default 1)")
+    group.add_argument("--seed", type=int, help="with --sampling: the random seed (same seed and line, same samples)")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     group.add_argument("--quantization", choices=["int8"],
                        help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)")
@@ -167,7 +174,8 @@ def _version() -> str:
         return "(not installed as a package)"
 
 
-DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len")
+DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len",
+                  "no_repeat_ngram_size", "sampling", "top_k", "top_p", "temperature", "seed")
 """The `decoding` keys that translate and evaluate take as flags (--beam-size, ...); translate also --n-best."""
 
 

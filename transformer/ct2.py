@@ -10,6 +10,11 @@ save it. Beside CTranslate2's `model.bin` and vocabularies go our sentencepiece 
 (the checkpoint's config), so the folder is a complete model for `translate`, `evaluate` and other CTranslate2 users
 (`config.json` says add_source_eos: give it sentencepiece pieces).
 
+Sampling and n-gram blocking are CTranslate2's own (`sampling_topk`, `sampling_topp`, `sampling_temperature`,
+`no_repeat_ngram_size`: the same meaning). Its random generators are seeded when a model loads, so each sampling
+call reloads the model after `ctranslate2.set_random_seed(seed)`: the same call gives the same samples, but a line's
+samples depend on its batch (ours do not).
+
 Decoding differences, none of which shows on ordinary sentences: CTranslate2's beam search divides scores by
 length^α where ours uses GNMT's ((5 + length) / 6)^α (§6.1 reference); its length cap is one number per batch, so
 a batch runs to the largest of its sentences' caps (max_len_a * src_len + max_len_b) and each output is then cut at
@@ -195,8 +200,9 @@ class CTranslate2Translator:
         index = int(device.split(":")[1]) if ":" in device else 0
         if workers > 1:
             threads = max(1, (threads or torch.get_num_threads()) // workers)
-        self.model = ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
-                                    intra_threads=threads, inter_threads=workers)
+        self._open = lambda: ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
+                                            intra_threads=threads, inter_threads=workers)
+        self.model = self._open()
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
@@ -218,15 +224,21 @@ class CTranslate2Translator:
         pieces = {i: [tokenizer.id_to_piece(t, "src") for t in ids[:limit]]
                   for i, ids in zip(kept, tokenizer.src_ids([texts[i] for i in kept]))}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
+        if opts.sampling and kept:  # CTranslate2 seeds its threads' generators when it loads a model: reload, seeded
+            _ctranslate2().set_random_seed(opts.seed)
+            self.model = self._open()
         for start in range(0, len(order), opts.batch_size):
             chunk = order[start:start + opts.batch_size]
             source = [pieces[i] for i in chunk]
             caps = [max_output_length(len(p) + 1, opts.max_len_a, opts.max_len_b, self.config.model.max_positions)
                     for p in source]
+            sampling = dict(sampling_topk=opts.top_k, sampling_topp=opts.top_p,
+                            sampling_temperature=opts.temperature) if opts.sampling else {}
             out = self.model.translate_batch(
                 source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
                 num_hypotheses=opts.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
-                return_scores=False, max_batch_size=opts.batch_size)
+                no_repeat_ngram_size=opts.no_repeat_ngram_size, return_scores=False, max_batch_size=opts.batch_size,
+                **sampling)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]

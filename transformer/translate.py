@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -25,6 +25,7 @@ from .checkpoint import load_for_inference
 from .config import EOS_ID, Config, DecodingConfig, OptionError
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
+from .decoding.sampling import sample_decode
 from .device import resolve_device
 from .fast import decoder_for
 from .model import Transformer
@@ -135,35 +136,34 @@ class Translator:
         """
         return decoding_options(self.config.decoding, **overrides)
 
-    def translate(self, sentences: list[str], beam_size: Optional[int] = None,
-                  length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
-                  max_len_a: Optional[float] = None, max_len_b: Optional[int] = None,
-                  min_len: Optional[int] = None) -> list[str]:
+    def translate(self, sentences: list[str], **options: Any) -> list[str]:
         """Translate sentences; unset options take the config's `decoding` defaults.
 
-        Returns:
-            One detokenized string per input, in input order.
-        """
-        n_best = self.translate_n_best(sentences, n_best=1, beam_size=beam_size, length_penalty=length_penalty,
-                                       batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
-                                       min_len=min_len, scores=False)
-        return [hyps[0][0] for hyps in n_best]
+        Args:
+            options: any of `DecodingConfig`'s fields but n_best (beam_size, length_penalty, batch_size, max_len_a,
+                max_len_b, min_len, no_repeat_ngram_size, sampling, top_k, top_p, temperature, seed).
 
-    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, beam_size: Optional[int] = None,
-                         length_penalty: Optional[float] = None, batch_size: Optional[int] = None,
-                         max_len_a: Optional[float] = None, max_len_b: Optional[int] = None,
-                         min_len: Optional[int] = None, scores: bool = True) -> list[list[tuple[str, float]]]:
-        """Translate sentences and return the n best (text, score) pairs of each, best first.
+        Returns:
+            One detokenized string per input, in input order (with sampling: the first sample).
+        """
+        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, **options)]
+
+    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
+                         **options: Any) -> list[list[tuple[str, float]]]:
+        """Translate sentences and return the n best (text, score) pairs of each, best first; with sampling, n_best
+        independent samples in the order drawn, each scored by the model's log-probability of its tokens.
 
         With scores=False greedy decoding (beam_size 1) skips the log-softmax and reports NaN scores (see
-        `decode_ids`); beam search computes them anyway.
+        `decode_ids`); beam search and sampling compute them anyway.
+
+        Args:
+            options: as `translate`.
 
         Raises:
             ConfigError: an option is out of range (e.g. n_best > beam_size).
+            OptionError: an unknown option.
         """
-        options = self.decoding_options(n_best=n_best, beam_size=beam_size, length_penalty=length_penalty,
-                                        batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
-                                        min_len=min_len)
+        options = self.decoding_options(n_best=n_best, **options)
         src_ids, n_truncated = self._encode(sentences)
         hypotheses = self.decode_ids(src_ids, options, scores=scores)
         self.stats.n_truncated = n_truncated
@@ -241,12 +241,16 @@ class Translator:
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
                       scores: bool) -> list[list[Hypothesis]]:
-        if options.beam_size == 1:
-            hyps = greedy_decode(self.decoder, src, mask, options.max_len_a, options.max_len_b, options.min_len,
-                                 scores=scores)
+        o = options
+        if o.sampling:
+            return sample_decode(self.decoder, src, mask, o.n_best, o.top_k, o.top_p, o.temperature, o.seed,
+                                 o.max_len_a, o.max_len_b, o.min_len, o.no_repeat_ngram_size)
+        if o.beam_size == 1:
+            hyps = greedy_decode(self.decoder, src, mask, o.max_len_a, o.max_len_b, o.min_len, scores=scores,
+                                 no_repeat_ngram_size=o.no_repeat_ngram_size)
             return [[h] for h in hyps]
-        return beam_search(self.decoder, src, mask, options.beam_size, options.length_penalty, options.n_best,
-                           options.max_len_a, options.max_len_b, options.min_len)
+        return beam_search(self.decoder, src, mask, o.beam_size, o.length_penalty, o.n_best, o.max_len_a,
+                           o.max_len_b, o.min_len, o.no_repeat_ngram_size)
 
 
 def check_workers(workers: int) -> None:
@@ -256,12 +260,18 @@ def check_workers(workers: int) -> None:
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:
-    """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it.
+    """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it, and
+    sampling without a beam_size sets it to 1.
 
     Raises:
         ConfigError: an option out of range (e.g. n_best > beam_size).
     """
     values = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
+    if unknown:
+        raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
+    if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
+        values["beam_size"] = 1
     if "beam_size" in values and "n_best" not in values:
         values["n_best"] = min(base.n_best, values["beam_size"])
     return dataclasses.replace(base, **values)

@@ -308,12 +308,33 @@ class DecodingConfig:
     """Sentences decoded together."""
     max_tokens_per_batch: int = 0
     """If > 0, batches are cut by this many padded source tokens instead (batch_size still caps sentences)."""
+    no_repeat_ngram_size: int = 0
+    """If N > 0, no output repeats an n-gram of N pieces (greedy, beam search and sampling; eos is never blocked)."""
+    sampling: bool = False
+    """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
+    of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
+    top_k: int = 0
+    """With sampling: draw among the k most probable tokens only (0: all)."""
+    top_p: float = 1.0
+    """With sampling: draw among the fewest most probable tokens whose probabilities sum to at least p (nucleus)."""
+    temperature: float = 1.0
+    """With sampling: divide the logits by this (< 1 sharper, > 1 flatter; towards 0 it becomes greedy)."""
+    seed: int = 0
+    """With sampling: the random stream of a sentence depends on this, its source tokens and the sample's number
+    only, so an input gets the same samples whatever else is decoded with it."""
 
     def __post_init__(self) -> None:
         _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")
         _require(self.beam_size > 0, "decoding.beam_size", f"must be a positive integer, got {self.beam_size}")
-        _require(0 < self.n_best <= self.beam_size, "decoding.n_best",
+        _require(not self.sampling or self.beam_size == 1, "decoding.beam_size",
+                 f"sampling draws one token at a time: beam_size must be 1, got {self.beam_size}")
+        _require(0 < self.n_best <= (256 if self.sampling else self.beam_size), "decoding.n_best",
+                 f"must be between 1 and 256 samples, got {self.n_best}" if self.sampling else
                  f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}")
+        _require(self.no_repeat_ngram_size >= 0, "decoding.no_repeat_ngram_size", "must be >= 0 (0: off)")
+        _require(self.top_k >= 0, "decoding.top_k", f"must be >= 0 (0: all tokens), got {self.top_k}")
+        _require(0.0 < self.top_p <= 1.0, "decoding.top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.temperature > 0.0, "decoding.temperature", f"must be positive, got {self.temperature}")
         _require(self.length_penalty >= 0, "decoding.length_penalty", "must be >= 0")
         _require(self.max_len_a >= 0 and self.max_len_b >= 0, "decoding.max_len_a",
                  "max_len_a and max_len_b must be >= 0")

@@ -13,6 +13,7 @@ from torch import Tensor
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..fast.reductions import row_argmax
 from .interface import IncrementalDecoder
+from .ngram import block_repeated_ngrams_
 
 
 @dataclass
@@ -58,9 +59,10 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
 
 @torch.no_grad()
 def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0, scores: bool = True) -> list[Hypothesis]:
+                  max_len_b: int = 10, min_len: int = 0, scores: bool = True,
+                  no_repeat_ngram_size: int = 0) -> list[Hypothesis]:
     """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
-    never picked, eos not before min_len tokens.
+    never picked, eos not before min_len tokens, and no n-gram of no_repeat_ngram_size tokens twice.
 
     Finished sentences leave the batch, so the work per step shrinks as sentences end, and the loop
     stops as soon as the last one has ended.
@@ -71,6 +73,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         max_len_a, max_len_b: output length cap, see `max_output_lengths`.
         min_len: eos is not allowed before this many tokens.
+        no_repeat_ngram_size: if N > 0, a token that would repeat an N-gram of the output is not picked
+            (`decoding/ngram.py`; eos always can be).
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
             False the most probable token is taken from the logits directly (the same tokens; the normalization
             is skipped, as CTranslate2 does unless asked for scores) and `Hypothesis.score` is NaN.
@@ -95,6 +99,7 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         candidates[:, BOS_ID] = float("-inf")
         if step < min_len:
             candidates[:, EOS_ID] = float("-inf")
+        block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
         best = row_argmax(candidates)  # (alive,)
         if scores:
             best_lprobs = candidates.gather(1, best[:, None])[:, 0]

@@ -56,6 +56,11 @@ class RequestError(Exception):
         self.status, self.field, self.message = status, field, message
 
 
+SEARCH_OPTIONS = ("n_best", "beam_size", "length_penalty", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
+                  "sampling", "top_k", "top_p", "temperature", "seed")
+"""The decoding options a request may set (the others are the server's: batch sizes)."""
+
+
 class DecodingRequest(BaseModel):
     """Decoding options of `transformer translate`; unset ones take the checkpoint's decoding section."""
 
@@ -69,7 +74,14 @@ class DecodingRequest(BaseModel):
 
 class TranslateRequest(DecodingRequest):
     text: list[str] = Field(description="a list of sentences (or one sentence as a string)")
-    n_best: Optional[int] = Field(None, description="also return this many hypotheses per sentence, with scores")
+    n_best: Optional[int] = Field(None, description="also return this many hypotheses per sentence, with scores "
+                                  "(with sampling: this many samples)")
+    no_repeat_ngram_size: Optional[int] = Field(None, description="no output repeats an n-gram of this many pieces")
+    sampling: Optional[bool] = Field(None, description="draw each token at random (beam size 1)")
+    top_k: Optional[int] = Field(None, description="with sampling: among the k most probable tokens (0: all)")
+    top_p: Optional[float] = Field(None, description="with sampling: from the nucleus of this probability")
+    temperature: Optional[float] = Field(None, description="with sampling: divide the logits by this")
+    seed: Optional[int] = Field(None, description="with sampling: same seed and sentence, same samples")
 
     @field_validator("text", mode="before")
     @classmethod
@@ -109,8 +121,7 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
     limits = limits or ServeLimits()
     batcher = RequestBatcher(
         lambda sentences, options: translator.translate_n_best(
-            sentences, n_best=options.n_best, beam_size=options.beam_size, length_penalty=options.length_penalty,
-            max_len_a=options.max_len_a, max_len_b=options.max_len_b, min_len=options.min_len),
+            sentences, **{key: getattr(options, key) for key in SEARCH_OPTIONS}),
         max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size, max_wait_ms=max_wait_ms)
     page = {route: ((STATIC / name).read_bytes(), media) for route, (name, media) in PAGE_FILES.items()}
     started = time.time()
@@ -130,10 +141,12 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         if body.beam_size is not None and not 1 <= body.beam_size <= limits.max_beam_size:
             raise RequestError(422, "beam_size", f"must be between 1 and {limits.max_beam_size} "
                                f"(serve --max-beam-size), got {body.beam_size}")
+        if getattr(body, "sampling", None) and n_best is not None and not 1 <= n_best <= limits.max_beam_size:
+            raise RequestError(422, "n_best", f"samples must be between 1 and {limits.max_beam_size} "
+                               f"(serve --max-beam-size), got {n_best}")
+        given = {key: getattr(body, key, None) for key in SEARCH_OPTIONS if key != "n_best"}
         try:
-            return translator.decoding_options(beam_size=body.beam_size, length_penalty=body.length_penalty,
-                                               min_len=body.min_len, max_len_a=body.max_len_a,
-                                               max_len_b=body.max_len_b, n_best=n_best)
+            return translator.decoding_options(n_best=n_best, **given)
         except ConfigError as err:  # "decoding.n_best: must be ..." -> field n_best
             key, _, message = str(err).partition(": ")
             raise RequestError(422, key.removeprefix("decoding."), message) from None

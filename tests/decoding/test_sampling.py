@@ -1,0 +1,120 @@
+"""Random sampling and n-gram blocking: the properties that must hold (top-k 1 and temperature -> 0 are greedy, the
+draws follow the filtered distribution, a sentence's samples do not depend on its batch, no output repeats an
+n-gram, blocking never empties a beam)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import random_tokens, tiny_model
+from tests.decoding.test_decoding import _src
+from transformer.config import EOS_ID, PAD_ID
+from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding.ngram import blocked_tokens
+from transformer.decoding.sampling import draw, sample_decode, sampling_distribution
+
+VOCAB = 10
+
+
+@pytest.fixture
+def model():
+    return tiny_model(seed=3, tgt_vocab_size=VOCAB)
+
+
+def _tokens(hyps):
+    return [[h.tokens for h in sentence] for sentence in hyps]
+
+
+def test_top_k_one_and_a_tiny_temperature_are_greedy(model):
+    src, mask = _src()
+    greedy = [h.tokens for h in greedy_decode(model, src, mask, max_len_b=8)]
+    top1 = sample_decode(model, src, mask, n_samples=3, top_k=1, seed=5, max_len_b=8)
+    assert _tokens(top1) == [[g] * 3 for g in greedy]
+    cold = sample_decode(model, src, mask, n_samples=2, temperature=1e-4, seed=6, max_len_b=8)
+    assert _tokens(cold) == [[g] * 2 for g in greedy]
+    tiny_p = sample_decode(model, src, mask, top_p=1e-6, seed=7, max_len_b=8)
+    assert _tokens(tiny_p) == [[g] for g in greedy]
+
+
+def test_draws_follow_the_filtered_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    for top_k, top_p, temperature, expected in [
+        (0, 1.0, 1.0, [0.5, 0.2, 0.15, 0.1, 0.05]),
+        (2, 1.0, 1.0, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0]),
+        (0, 0.8, 1.0, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]),  # 0.5 + 0.2 < 0.8: the third is needed
+        (0, 1.0, 2.0, None),
+    ]:
+        probs = sampling_distribution(logits, top_k, top_p, temperature)[0]
+        if expected is None:  # temperature 2: p_i proportional to sqrt(p_i)
+            expected = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]).sqrt()
+            expected = (expected / expected.sum()).tolist()
+        assert probs.tolist() == pytest.approx(expected, abs=1e-6)
+        g = torch.Generator().manual_seed(0)
+        n = 40_000
+        tokens = draw(probs.expand(n, -1), torch.rand(n, generator=g, dtype=torch.float64))
+        frequencies = torch.bincount(tokens, minlength=5).double() / n
+        assert frequencies.tolist() == pytest.approx(expected, abs=0.01)  # 4 standard errors at most
+
+
+def test_a_sentence_gets_the_same_samples_whatever_its_batch(model):
+    src, mask = _src()
+    together = sample_decode(model, src, mask, n_samples=4, seed=11, max_len_b=8)
+    for i in range(src.size(0)):
+        row = src[i:i + 1, : int((~mask[i]).sum())]
+        alone = sample_decode(model, row, row.eq(PAD_ID), n_samples=4, seed=11, max_len_b=8)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+    reordered = sample_decode(model, src.flip(0), mask.flip(0), n_samples=4, seed=11, max_len_b=8)
+    assert _tokens(reordered)[::-1] == _tokens(together)
+    other_seed = sample_decode(model, src, mask, n_samples=4, seed=12, max_len_b=8)
+    assert _tokens(other_seed) != _tokens(together)
+    assert len({tuple(h.tokens) for sentence in together for h in sentence}) > src.size(0)  # samples differ
+
+
+def test_sample_scores_are_the_models_log_probabilities(model):
+    from tests.decoding.test_decoding import forced_score
+
+    src, mask = _src()
+    for i, sentence in enumerate(sample_decode(model, src, mask, n_samples=2, seed=3, top_k=4, max_len_b=8)):
+        for h in sentence:
+            assert h.score == pytest.approx(forced_score(model, src[i], h.tokens, h.finished, 0.0), abs=1e-4)
+
+
+def test_blocked_tokens():
+    assert blocked_tokens([5, 6, 7, 5], 2) == {6}  # "5 6" occurred: after 5, 6 is blocked
+    assert blocked_tokens([5, 6, 5, 6], 3) == {5}
+    assert blocked_tokens([5, 6, 7], 2) == set()
+    assert blocked_tokens([5, 6, 7], 1) == {5, 6, 7}
+    assert blocked_tokens([EOS_ID, 4, EOS_ID], 2) == {4}  # eos itself is never blocked
+
+
+def _ngrams(tokens, n):
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_output_repeats_an_ngram(n):
+    model = tiny_model(seed=5, tgt_vocab_size=12)
+    src = random_tokens(6, 9, 23, lengths=[9, 8, 7, 9, 5, 6], seed=2)
+    mask = src.eq(PAD_ID)
+    plain = greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20)
+    assert any(len(set(_ngrams(h.tokens, n))) < len(_ngrams(h.tokens, n)) for h in plain)  # the test can fail
+    outputs = [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20, no_repeat_ngram_size=n)]
+    outputs += [h.tokens for hyps in beam_search(model, src, mask, beam_size=4, n_best=4, max_len_a=0.0, max_len_b=20,
+                                                 no_repeat_ngram_size=n) for h in hyps]
+    outputs += [h.tokens for hyps in sample_decode(model, src, mask, n_samples=3, max_len_a=0.0, max_len_b=20,
+                                                   no_repeat_ngram_size=n) for h in hyps]
+    for tokens in outputs:
+        assert len(set(_ngrams(tokens, n))) == len(_ngrams(tokens, n)), tokens
+
+
+def test_blocking_everything_still_ends_the_beam_with_eos():
+    # Vocabulary of 6: pad, unk, bos, eos and two tokens; with unigram blocking, after two tokens only eos is left.
+    model = tiny_model(seed=1, tgt_vocab_size=6)
+    src = random_tokens(3, 5, 23, seed=4)
+    mask = src.eq(PAD_ID)
+    for hyps in beam_search(model, src, mask, beam_size=4, n_best=1, max_len_a=0.0, max_len_b=30,
+                            no_repeat_ngram_size=1):
+        assert hyps and hyps[0].finished and len(set(hyps[0].tokens)) == len(hyps[0].tokens) <= 3
+    for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=30, no_repeat_ngram_size=1):
+        assert h.finished and len(set(h.tokens)) == len(h.tokens)

@@ -1,0 +1,106 @@
+"""Sampling and n-gram blocking as users reach them: `Translator`, `transformer translate`, the server and the
+CTranslate2 path, on the small trained model; bad values get one line naming the flag or field."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from transformer.cli import main
+from transformer.translate import Translator
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_run):
+    return trained_run / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def lines(multi30k_subset):
+    text = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read()
+    return [line for line in text.split("\n") if line][:40]
+
+
+def _ngrams(text, n):
+    words = text.split()
+    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def test_samples_do_not_depend_on_the_batch_size_or_the_other_lines(checkpoint, lines):
+    translator = Translator.from_checkpoint(checkpoint)
+    options = dict(sampling=True, top_p=0.9, seed=4)
+    texts = lambda results: [[text for text, _ in hyps] for hyps in results]  # noqa: E731
+    big = translator.translate_n_best(lines, n_best=2, batch_size=64, **options)
+    small = translator.translate_n_best(lines, n_best=2, batch_size=3, **options)
+    assert texts(big) == texts(small)
+    assert [s for hyps in big for _, s in hyps] == pytest.approx([s for hyps in small for _, s in hyps], abs=1e-4)
+    assert texts(translator.translate_n_best(lines[7:8], n_best=2, **options)) == texts(big[7:8])
+    assert translator.translate(lines, sampling=True, top_k=1) == translator.translate(lines, beam_size=1)
+    int8 = Translator.from_checkpoint(checkpoint, quantization="int8")
+    assert int8.translate(lines, sampling=True, top_k=1) == int8.translate(lines, beam_size=1)
+
+
+def test_cli_sampling_is_reproducible_and_bad_values_name_the_flag(checkpoint, lines, tmp_path, capsys):
+    source = tmp_path / "in.de"
+    source.write_text("\n".join(lines[:10]) + "\n")
+    args = ["translate", "--checkpoint", str(checkpoint), "--input", str(source), "--sampling", "--n-best", "3",
+            "--seed", "9", "--temperature", "0.8"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args + ["--batch-size", "2"]) == 0
+    assert capsys.readouterr().out == first and len(first.splitlines()) == 30
+    for flags, name in ((["--top-p", "0"], "--top-p"), (["--temperature", "0"], "--temperature"),
+                        (["--beam-size", "4"], "--beam-size"), (["--top-k", "-1"], "--top-k")):
+        assert main(["translate", "--checkpoint", str(checkpoint), "--sampling", lines[0], *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {name}:"), err
+
+
+def test_cli_no_repeat_ngram_size(checkpoint, lines, capsys):
+    assert main(["translate", "--checkpoint", str(checkpoint), "--no-repeat-ngram-size", "2", *lines]) == 0
+    outputs = capsys.readouterr().out.splitlines()
+    assert len(outputs) == len(lines)
+    # pieces, not words, are blocked; whole words repeating a bigram would need the same pieces twice
+    for text in outputs:
+        assert len(set(_ngrams(text, 2))) == len(_ngrams(text, 2)), text
+    assert main(["translate", "--checkpoint", str(checkpoint), "--no-repeat-ngram-size", "-2", lines[0]]) == 2
+    assert "--no-repeat-ngram-size" in capsys.readouterr().err
+
+
+def test_server_fields(checkpoint, lines):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer.serve import create_app
+
+    translator = Translator.from_checkpoint(checkpoint)
+    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+        body = {"text": lines[:3], "sampling": True, "n_best": 2, "seed": 5, "top_k": 10}
+        response = client.post("/translate", json=body)
+        assert response.status_code == 200, response.text
+        expected = translator.translate_n_best(lines[:3], n_best=2, sampling=True, seed=5, top_k=10)
+        assert [[h["text"] for h in hyps] for hyps in response.json()["n_best"]] == \
+            [[text for text, _ in hyps] for hyps in expected]
+        blocked = client.post("/translate", json={"text": lines[:3], "no_repeat_ngram_size": 2}).json()
+        assert blocked["translations"] == translator.translate(lines[:3], no_repeat_ngram_size=2)
+        for bad, field in (({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
+                           ({"sampling": "yes"}, "sampling"), ({"sampling": True, "n_best": 500}, "n_best")):
+            response = client.post("/translate", json={"text": lines[:1], **bad})
+            assert response.status_code == 422 and response.json()["field"] == field, response.text
+        response = client.post("/attention", json={"text": lines[0], "sampling": True})
+        assert response.status_code == 422 and response.json()["field"] == "sampling"
+
+
+def test_ctranslate2_takes_the_same_options(checkpoint, lines, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.ct2 import CTranslate2Translator, export_ctranslate2
+
+    export_ctranslate2(checkpoint, tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(checkpoint), CTranslate2Translator(tmp_path / "ct2")
+    assert theirs.translate(lines, beam_size=1, no_repeat_ngram_size=2) == \
+        ours.translate(lines, beam_size=1, no_repeat_ngram_size=2)
+    assert theirs.translate(lines, sampling=True, top_k=1) == ours.translate(lines, beam_size=1)
+    samples = theirs.translate_n_best(lines[:5], n_best=3, sampling=True, seed=2)
+    assert samples == theirs.translate_n_best(lines[:5], n_best=3, sampling=True, seed=2)  # the same call, again
+    assert all(len(hyps) == 3 for hyps in samples)

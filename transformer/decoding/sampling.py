@@ -1,0 +1,123 @@
+"""Random sampling: each next token drawn from the model's distribution, restricted to the top k tokens and/or the
+top-p nucleus (Holtzman et al. 2020) and sharpened or flattened by a temperature. The usual way to generate
+back-translations (Edunov et al. 2018), where the beam's most probable outputs are too uniform.
+
+Reproducible per sentence: each sample of a sentence draws from its own random stream, seeded by the seed, the
+sentence's source tokens and the sample's number, so a line gets the same samples whatever else is in its batch
+and whatever the batch size (identical source lines get identical samples). The K samples of a sentence decode as
+K rows of their own (the sentence's source repeated K times); each stops at its own eos or length cap.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+from ..config import BOS_ID, EOS_ID, PAD_ID
+from .greedy import Hypothesis, max_output_lengths
+from .interface import IncrementalDecoder
+from .ngram import block_repeated_ngrams_
+
+
+def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0) -> Tensor:
+    """The probabilities tokens are drawn from: softmax(logits / temperature), then only the top_k most probable
+    (0: all) and, of those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
+
+    Args:
+        logits: `(rows, vocab)`; -inf where a token may not be produced.
+
+    Returns:
+        `(rows, vocab)` float32 probabilities, each row summing to 1 (0 outside the kept tokens).
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_k and top_k < probs.size(-1):
+        kth = probs.topk(top_k, dim=-1).values[:, -1:]  # (rows, 1)
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more probable tokens
+        kept = before < top_p * sorted_probs.sum(-1, keepdim=True)  # the most probable token is always kept
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * kept)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws: row i takes the first token whose cumulative probability exceeds uniforms[i] (a token of
+    probability 0 is never taken).
+
+    Args:
+        probs: `(rows, vocab)` rows summing to 1.
+        uniforms: `(rows,)` in [0, 1).
+    """
+    cdf = probs.double().cumsum(-1)
+    u = (uniforms.double() * cdf[:, -1])[:, None]
+    tokens = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.size(-1) - 1)
+    return tokens
+
+
+@torch.no_grad()
+def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, n_samples: int = 1,
+                  top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0,
+                  max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
+                  no_repeat_ngram_size: int = 0) -> list[list[Hypothesis]]:
+    """Draw n_samples outputs per sentence (see the module docstring); pad and bos are never drawn, eos not before
+    min_len tokens, and no token that would repeat an n-gram of no_repeat_ngram_size tokens.
+
+    Args:
+        model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
+        src: `(batch, src_len)` LongTensor, padded with pad_id; src_key_padding_mask: True at padding.
+        n_samples: independent samples per sentence.
+        top_k, top_p, temperature: see `sampling_distribution`.
+        seed: with the source tokens and the sample's number, fixes each sample's random stream.
+        max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths`.
+
+    Returns:
+        Per sentence, n_samples hypotheses in the order drawn; each score is the sum of the model's own
+        log-probabilities (temperature 1, unfiltered, as greedy decoding's) of the drawn tokens, eos included when
+        it ended.
+    """
+    lengths = (~src_key_padding_mask).sum(1).tolist()
+    streams = [random.Random(f"{seed}:{k}:{' '.join(map(str, row[:n].tolist()))}")
+               for row, n in zip(src, lengths) for k in range(n_samples)]
+    src = src.repeat_interleave(n_samples, dim=0)  # (batch * n_samples, src_len): one row per sample
+    mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
+    rows = src.size(0)
+    max_lengths = max_output_lengths(mask, max_len_a, max_len_b, model.config.max_positions)
+    cache = model.new_cache(model.encode(src, mask), mask)
+    last = torch.full((rows,), BOS_ID, dtype=torch.long, device=src.device)
+    alive = list(range(rows))
+    outputs: list[list[int]] = [[] for _ in range(rows)]
+    totals, finished = [0.0] * rows, [False] * rows
+    for step in range(max(max_lengths)):
+        logits = model.decode_step(last, cache).float()  # (alive, vocab)
+        model_lprobs = torch.log_softmax(logits, dim=-1)  # the score: the model's own distribution
+        logits[:, PAD_ID] = float("-inf")
+        logits[:, BOS_ID] = float("-inf")
+        if step < min_len:
+            logits[:, EOS_ID] = float("-inf")
+        block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
+        probs = sampling_distribution(logits, top_k, top_p, temperature)
+        uniforms = torch.tensor([streams[i].random() for i in alive], dtype=torch.float64)
+        tokens = draw(probs, uniforms.to(probs.device))
+        lprobs = model_lprobs.gather(1, tokens[:, None])[:, 0]
+        keep = []
+        for row, (i, token, lprob) in enumerate(zip(alive, tokens.tolist(), lprobs.tolist())):
+            totals[i] += lprob
+            if token == EOS_ID:
+                finished[i] = True
+                continue
+            outputs[i].append(token)
+            if len(outputs[i]) < max_lengths[i]:
+                keep.append(row)
+        if len(keep) < len(alive):
+            if not keep:
+                break
+            index = torch.tensor(keep, device=src.device)
+            tokens = tokens.index_select(0, index)
+            cache.select(index, index)
+            alive = [alive[row] for row in keep]
+        last = tokens
+    hyps = [Hypothesis(outputs[i], totals[i], finished[i]) for i in range(rows)]
+    return [hyps[s * n_samples:(s + 1) * n_samples] for s in range(rows // n_samples)]
