@@ -99,7 +99,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         candidates[:, BOS_ID] = float("-inf")
         if step < min_len:
             candidates[:, EOS_ID] = float("-inf")
-        block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
+        if no_repeat_ngram_size:
+            block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
         best = row_argmax(candidates)  # (alive,)
         if scores:
             best_lprobs = candidates.gather(1, best[:, None])[:, 0]

@@ -97,7 +97,8 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         logits[:, BOS_ID] = float("-inf")
         if step < min_len:
             logits[:, EOS_ID] = float("-inf")
-        block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
+        if no_repeat_ngram_size:
+            block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
         probs = sampling_distribution(logits, top_k, top_p, temperature)
         uniforms = torch.tensor([streams[i].random() for i in alive], dtype=torch.float64)
         tokens = draw(probs, uniforms.to(probs.device))
