@@ -336,7 +336,7 @@ def test_translate_and_evaluate_refuse_conflicting_files_before_work(trained_run
 def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, capsys):
     """A file is read --buffer-size lines at a time and each chunk's translations are on disk before the next chunk
     is read: at most one chunk is ever held, so a file of any size takes bounded memory (exact, not measured)."""
-    import transformer.cli
+    import transformer.data.text
 
     lines = gzip.open(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k" / "train.de.gz",
                       "rt", encoding="utf-8").read().split("\n")[:1000]
@@ -344,7 +344,7 @@ def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, cap
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     seen = []  # (lines read before this read, lines written to disk at this read, lines this read returned)
 
-    class WatchedReader(transformer.cli.LineReader):
+    class WatchedReader(transformer.data.text.LineReader):
         def read(self, n):
             read_before = sum(chunk for _, _, chunk in seen)
             written = out.read_text(encoding="utf-8").count("\n") if out.exists() else 0
@@ -352,7 +352,7 @@ def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, cap
             seen.append((read_before, written, len(chunk)))
             return chunk
 
-    monkeypatch.setattr(transformer.cli, "LineReader", WatchedReader)
+    monkeypatch.setattr(transformer.data.text, "LineReader", WatchedReader)
     assert main(["translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--input", str(src),
                  "--output", str(out), "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "2",
                  "--buffer-size", "64"]) == 0

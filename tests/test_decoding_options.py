@@ -104,3 +104,37 @@ def test_ctranslate2_takes_the_same_options(checkpoint, lines, tmp_path):
     samples = theirs.translate_n_best(lines[:5], n_best=3, sampling=True, seed=2)
     assert samples == theirs.translate_n_best(lines[:5], n_best=3, sampling=True, seed=2)  # the same call, again
     assert all(len(hyps) == 3 for hyps in samples)
+
+
+def test_prefixes_from_the_api_the_cli_the_server_and_ctranslate2(checkpoint, lines, tmp_path, capsys):
+    translator = Translator.from_checkpoint(checkpoint)
+    prefixes = ["A dog", "", "Two women are", None]
+    out = translator.translate(lines[:4], prefixes=prefixes, beam_size=4)
+    assert out[0].startswith("A dog") and out[2].startswith("Two women are")
+    assert out[1] == translator.translate(lines[1:2], beam_size=4)[0]
+    (tmp_path / "in.de").write_text("\n".join(lines[:3]) + "\n")
+    (tmp_path / "prefix.en").write_text("A dog\n\nTwo women are\n")
+    assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.de"), "--prefix-file",
+                 str(tmp_path / "prefix.en"), "--beam-size", "4", "--buffer-size", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == out[:3]
+    (tmp_path / "short.en").write_text("A dog\n")
+    assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.de"), "--prefix-file",
+                 str(tmp_path / "short.en")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--prefix-file" in err[0] and "short.en" in err[0]
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer.serve import create_app
+
+    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+        body = client.post("/translate", json={"text": lines[:3], "prefix": prefixes[:3], "beam_size": 4}).json()
+        assert body["translations"] == out[:3]
+        response = client.post("/translate", json={"text": lines[:3], "prefix": ["A"]})
+        assert response.status_code == 422 and response.json()["field"] == "prefix"
+    pytest.importorskip("ctranslate2")
+    from transformer.ct2 import CTranslate2Translator, export_ctranslate2
+
+    export_ctranslate2(checkpoint, tmp_path / "ct2")
+    greedy = translator.translate(lines[:4], prefixes=prefixes, beam_size=1)
+    assert CTranslate2Translator(tmp_path / "ct2").translate(lines[:4], prefixes=prefixes, beam_size=1) == greedy

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -23,8 +22,8 @@ from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
 from .config import Config, ConfigError, OptionError, load_config, override_config
 from .ct2 import QUANTIZATIONS, ExportError
-from .data import DataError, LineReader, StreamLineReader, count_lines, load_split, read_lines
-from .data.text import silence_stdout, utf8_stdout, write_and_flush
+from .data import DataError, LineReader, count_lines, load_split, read_lines
+from .data.text import input_chunks, silence_stdout, utf8_stdout, write_and_flush
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
 
@@ -99,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="write translations here (default: stdout)")
+    translate.add_argument("--prefix-file", help="one target prefix per input line (empty: none); each translation "
+                           "starts with its prefix, then goes on freely")
     translate.add_argument("--buffer-size", type=int, default=1000, help="lines read, decoded (sorted by length) "
                            "and written at a time (default 1000); typed input is translated line by line")
     _add_decoding_flags(translate)
@@ -242,26 +243,6 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
-def _input_chunks(args: argparse.Namespace) -> Iterator[list[str]]:
-    """The input lines in chunks of at most --buffer-size: the arguments, then --input read incrementally (with a
-    progress bar on stderr when the output is not a terminal), or stdin as lines arrive."""
-    if args.sentences:
-        yield list(args.sentences)
-        return
-    if args.input:
-        with LineReader(args.input) as reader:
-            show = bool(args.output) or not sys.stdout.isatty()
-            with tqdm(total=count_lines(args.input), unit="line", disable=not show, file=sys.stderr,
-                      desc="translate") as bar:
-                while chunk := reader.read(args.buffer_size):
-                    yield chunk
-                    bar.update(len(chunk))
-        return
-    reader = StreamLineReader(sys.stdin.buffer)
-    while chunk := reader.read_available(args.buffer_size):
-        yield chunk
-
-
 def _note_compile(args: argparse.Namespace) -> None:
     """With --compile, say on stderr why the first batch takes long (nothing is printed while Inductor compiles)."""
     if args.compile:
@@ -286,20 +267,35 @@ def cmd_translate(args: argparse.Namespace) -> int:
     _note_compile(args)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    if args.prefix_file and (args.sentences or args.input):  # a mismatch fails before any output
+        n_input = len(args.sentences) if args.sentences else count_lines(args.input)
+        if count_lines(args.prefix_file) != n_input:
+            raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
+                            f"{n_input}: give one prefix line (empty for none) per input line")
+    prefix_reader = LineReader(args.prefix_file) if args.prefix_file else None
     out = open(args.output, "w", encoding="utf-8") if args.output else utf8_stdout()
     index = 0
     try:
-        for lines in _input_chunks(args):
+        show = bool(args.output) or not sys.stdout.isatty()
+        for lines in input_chunks(args.sentences, args.input, args.buffer_size, show):
+            prefixes = prefix_reader.read(len(lines)) if prefix_reader else None
+            if prefixes is not None and len(prefixes) < len(lines):
+                raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, fewer than the "
+                                "input's: give one prefix line (empty for none) per input line")
             chunk = []
-            for hyps in translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
+            for hyps in translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best), prefixes=prefixes,
                                                     **_decoding_kwargs(args)):
                 chunk += ([f"{index}\t{score:.4f}\t{text}\n" for text, score in hyps] if args.n_best
                           else [hyps[0][0] + "\n"])
                 index += 1
             write_and_flush(out, "".join(chunk), args.output or "stdout")
+        if prefix_reader and prefix_reader.read(1):
+            raise DataError(f"--prefix-file {args.prefix_file}: more lines than the input's {index}")
     finally:
         if args.output:
             out.close()
+        if prefix_reader:
+            prefix_reader.close()
     return 0
 
 

@@ -208,14 +208,20 @@ class CTranslate2Translator:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
         return decoding_options(self.config.decoding, **overrides)
 
-    def translate(self, sentences: list[str], **options: Any) -> list[str]:
-        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, **options)]
+    def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
+                  **options: Any) -> list[str]:
+        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, prefixes=prefixes,
+                                                             **options)]
 
     def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
+                         prefixes: Optional[list[Optional[str]]] = None,
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output); with
-        scores=False CTranslate2 does not compute them and each score is NaN."""
+        scores=False CTranslate2 does not compute them and each score is NaN. `prefixes`: as `Translator`'s
+        (CTranslate2's target_prefix)."""
         opts = self.decoding_options(n_best=n_best, **options)
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in sentences]
         texts = [s.strip() for s in sentences]
         kept = [i for i, t in enumerate(texts) if t]
@@ -223,6 +229,8 @@ class CTranslate2Translator:
         tokenizer = self.tokenizer
         pieces = {i: [tokenizer.id_to_piece(t, "src") for t in ids[:limit]]
                   for i, ids in zip(kept, tokenizer.src_ids([texts[i] for i in kept]))}
+        targets = {i: [tokenizer.id_to_piece(t) for t in tokenizer.tgt_ids([prefixes[i]])[0]]
+                   if prefixes is not None and prefixes[i] and prefixes[i].strip() else None for i in kept}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
         if opts.sampling and kept:  # CTranslate2 seeds its threads' generators when it loads a model: reload, seeded
             _ctranslate2().set_random_seed(opts.seed)
@@ -238,7 +246,7 @@ class CTranslate2Translator:
                 source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
                 num_hypotheses=opts.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
                 no_repeat_ngram_size=opts.no_repeat_ngram_size, return_scores=False, max_batch_size=opts.batch_size,
-                **sampling)
+                target_prefix=[targets[i] for i in chunk] if prefixes is not None else None, **sampling)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]

@@ -136,19 +136,24 @@ class Translator:
         """
         return decoding_options(self.config.decoding, **overrides)
 
-    def translate(self, sentences: list[str], **options: Any) -> list[str]:
+    def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
+                  **options: Any) -> list[str]:
         """Translate sentences; unset options take the config's `decoding` defaults.
 
         Args:
+            prefixes: per sentence, the text its translation must start with (None or "": free); see
+                `translate_n_best`.
             options: any of `DecodingConfig`'s fields but n_best (beam_size, length_penalty, batch_size, max_len_a,
                 max_len_b, min_len, no_repeat_ngram_size, sampling, top_k, top_p, temperature, seed).
 
         Returns:
             One detokenized string per input, in input order (with sampling: the first sample).
         """
-        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, **options)]
+        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, prefixes=prefixes,
+                                                             **options)]
 
     def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
+                         prefixes: Optional[list[Optional[str]]] = None,
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Translate sentences and return the n best (text, score) pairs of each, best first; with sampling, n_best
         independent samples in the order drawn, each scored by the model's log-probability of its tokens.
@@ -157,15 +162,22 @@ class Translator:
         `decode_ids`); beam search and sampling compute them anyway.
 
         Args:
+            prefixes: per sentence, a target prefix (None or "": none): its pieces are produced first, with the
+                model's scores (part of each hypothesis' score), then decoding goes on freely; the text returned
+                starts with it.
             options: as `translate`.
 
         Raises:
             ConfigError: an option is out of range (e.g. n_best > beam_size).
-            OptionError: an unknown option.
+            OptionError: an unknown option, or prefixes not one per sentence.
         """
         options = self.decoding_options(n_best=n_best, **options)
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
         src_ids, n_truncated = self._encode(sentences)
-        hypotheses = self.decode_ids(src_ids, options, scores=scores)
+        prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
+                                                    for p in prefixes]
+        hypotheses = self.decode_ids(src_ids, options, scores=scores, prefix_ids=prefix_ids)
         self.stats.n_truncated = n_truncated
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
@@ -192,8 +204,8 @@ class Translator:
         return out, n_truncated
 
     @torch.no_grad()
-    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig,
-                   scores: bool = True) -> list[list[Hypothesis]]:
+    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig, scores: bool = True,
+                   prefix_ids: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
         """Decode source id sequences in batches of similar length; a None input gives `options.n_best` empty
         hypotheses (score 0).
 
@@ -202,6 +214,7 @@ class Translator:
             options: decoding settings (see `decoding_options`).
             scores: compute greedy hypotheses' log-probabilities; False skips the per-step log-softmax over the
                 vocabulary (same tokens, `Hypothesis.score` NaN), as CTranslate2 does unless asked for scores.
+            prefix_ids: per sentence, forced target tokens (or None).
 
         Returns:
             Per input, `options.n_best` hypotheses, best first.
@@ -214,7 +227,8 @@ class Translator:
         def decode_chunk(chunk: list[int]) -> list[list[Hypothesis]]:
             with torch.no_grad():  # grad mode is per thread: a worker thread needs its own
                 batch = make_batch([src_ids[i] for i in chunk]).to(self.device)
-                return self._decode_batch(batch.src, batch.src_key_padding_mask, options, scores)
+                prefixes = None if prefix_ids is None else [prefix_ids[i] for i in chunk]
+                return self._decode_batch(batch.src, batch.src_key_padding_mask, options, scores, prefixes)
 
         if self.workers > 1 and len(chunks) > 1:
             with _THREAD_COUNT_LOCK:  # concurrent multi-worker calls take turns (see the lock's comment)
@@ -239,18 +253,18 @@ class Translator:
                            options.max_len_a, options.max_len_b)
         return results
 
-    def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig,
-                      scores: bool) -> list[list[Hypothesis]]:
+    def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig, scores: bool,
+                      prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
         o = options
         if o.sampling:
             return sample_decode(self.decoder, src, mask, o.n_best, o.top_k, o.top_p, o.temperature, o.seed,
-                                 o.max_len_a, o.max_len_b, o.min_len, o.no_repeat_ngram_size)
+                                 o.max_len_a, o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes)
         if o.beam_size == 1:
             hyps = greedy_decode(self.decoder, src, mask, o.max_len_a, o.max_len_b, o.min_len, scores=scores,
-                                 no_repeat_ngram_size=o.no_repeat_ngram_size)
+                                 no_repeat_ngram_size=o.no_repeat_ngram_size, prefixes=prefixes)
             return [[h] for h in hyps]
         return beam_search(self.decoder, src, mask, o.beam_size, o.length_penalty, o.n_best, o.max_len_a,
-                           o.max_len_b, o.min_len, o.no_repeat_ngram_size)
+                           o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes)
 
 
 def check_workers(workers: int) -> None:

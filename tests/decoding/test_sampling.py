@@ -118,3 +118,32 @@ def test_blocking_everything_still_ends_the_beam_with_eos():
         assert hyps and hyps[0].finished and len(set(hyps[0].tokens)) == len(hyps[0].tokens) <= 3
     for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=30, no_repeat_ngram_size=1):
         assert h.finished and len(set(h.tokens)) == len(h.tokens)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sampling"])
+def test_forced_prefixes_in_a_batch_equal_each_line_alone(model, search):
+    src, mask = _src()
+    prefixes = [[5, 6, 7], None, [8], [4, 4, 9, 5], []]
+
+    def run(src, mask, prefixes):
+        if search == "greedy":
+            return [[h] for h in greedy_decode(model, src, mask, max_len_b=8, prefixes=prefixes)]
+        if search == "beam":
+            return beam_search(model, src, mask, beam_size=3, n_best=2, max_len_b=8, prefixes=prefixes)
+        return sample_decode(model, src, mask, n_samples=2, seed=1, max_len_b=8, prefixes=prefixes)
+
+    together = run(src, mask, prefixes)
+    for i, prefix in enumerate(prefixes):
+        for h in together[i]:
+            assert h.tokens[:len(prefix or [])] == (prefix or [])
+        row = src[i:i + 1, : int((~mask[i]).sum())]
+        alone = run(row, row.eq(PAD_ID), [prefix])[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[i]], abs=1e-5)
+    if search == "greedy":  # the forced part is scored as the model scores it
+        from tests.decoding.test_decoding import forced_score
+
+        h = together[0][0]
+        assert h.score == pytest.approx(forced_score(model, src[0], h.tokens, h.finished, 0.0), abs=1e-4)
+    free = run(src, mask, None)
+    assert [h.tokens for h in free[1]] == [h.tokens for h in together[1]]  # no prefix: as without prefixes

@@ -22,8 +22,11 @@ import gzip
 import os
 import select
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Optional, TextIO
+
+from tqdm import tqdm
 
 
 class DataError(ValueError):
@@ -273,3 +276,21 @@ def write_and_flush(out: TextIO, text: str, name: str) -> None:
         if out is sys.stdout:
             silence_stdout()
         raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
+
+
+def input_chunks(sentences: list[str], path: Optional[str], buffer_size: int, progress: bool) -> Iterator[list[str]]:
+    """Input lines in chunks of at most buffer_size: the `sentences` given, else the file at `path` read
+    incrementally (with a progress bar on stderr if `progress`), else stdin as lines arrive (`StreamLineReader`)."""
+    if sentences:
+        yield list(sentences)
+        return
+    if path:
+        with LineReader(path) as reader, tqdm(total=count_lines(path), unit="line", disable=not progress,
+                                              file=sys.stderr, desc="translate") as bar:
+            while chunk := reader.read(buffer_size):
+                yield chunk
+                bar.update(len(chunk))
+        return
+    reader = StreamLineReader(sys.stdin.buffer)
+    while chunk := reader.read_available(buffer_size):
+        yield chunk

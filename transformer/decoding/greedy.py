@@ -6,6 +6,7 @@ The output length cap is defined once, by `max_output_lengths` below, and used b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -13,7 +14,7 @@ from torch import Tensor
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..fast.reductions import row_argmax
 from .interface import IncrementalDecoder
-from .ngram import block_repeated_ngrams_
+from .ngram import block_repeated_ngrams_, force_prefix_
 
 
 @dataclass
@@ -59,8 +60,8 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
 
 @torch.no_grad()
 def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0, scores: bool = True,
-                  no_repeat_ngram_size: int = 0) -> list[Hypothesis]:
+                  max_len_b: int = 10, min_len: int = 0, scores: bool = True, no_repeat_ngram_size: int = 0,
+                  prefixes: Optional[list[Optional[list[int]]]] = None) -> list[Hypothesis]:
     """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
     never picked, eos not before min_len tokens, and no n-gram of no_repeat_ngram_size tokens twice.
 
@@ -75,6 +76,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         min_len: eos is not allowed before this many tokens.
         no_repeat_ngram_size: if N > 0, a token that would repeat an N-gram of the output is not picked
             (`decoding/ngram.py`; eos always can be).
+        prefixes: per sentence, target tokens that the output must start with (None: free), produced with the
+            model's scores before free decoding goes on.
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
             False the most probable token is taken from the logits directly (the same tokens; the normalization
             is skipped, as CTranslate2 does unless asked for scores) and `Hypothesis.score` is NaN.
@@ -95,12 +98,15 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         # log-probabilities, or the logits themselves when no scores are asked for (the argmax is the same before
         # and after the log-softmax)
         candidates = torch.log_softmax(logits.float(), dim=-1) if scores else logits
+        model_candidates = candidates.clone() if prefixes is not None else candidates
         candidates[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
         candidates[:, BOS_ID] = float("-inf")
         if step < min_len:
             candidates[:, EOS_ID] = float("-inf")
         if no_repeat_ngram_size:
             block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
+        if prefixes is not None:
+            force_prefix_(candidates, model_candidates, [prefixes[i] for i in alive], step)
         best = row_argmax(candidates)  # (alive,)
         if scores:
             best_lprobs = candidates.gather(1, best[:, None])[:, 0]

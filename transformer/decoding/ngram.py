@@ -1,10 +1,16 @@
-"""N-gram repeat blocking: no output contains the same n-gram of pieces twice.
+"""Restrictions of the next token that every search applies: n-gram repeat blocking and forced prefixes.
 
-At each step, a hypothesis whose last n - 1 tokens already occurred earlier followed by token t may not produce t
-again. Eos is never blocked, so a hypothesis can always end (every other continuation may be blocked).
+N-gram blocking: no output contains the same n-gram of pieces twice. At each step, a hypothesis whose last n - 1
+tokens already occurred earlier followed by token t may not produce t again. Eos is never blocked, so a hypothesis
+can always end (every other continuation may be blocked).
+
+Forced prefixes: the first tokens of an output are given (a target prefix per sentence); the search produces them
+with the model's own scores, then goes on freely.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from torch import Tensor
 
@@ -35,3 +41,21 @@ def block_repeated_ngrams_(scores: Tensor, prefixes: list[list[int]], n: int) ->
         tokens = blocked_tokens(prefix, n)
         if tokens:
             scores[row, list(tokens)] = float("-inf")
+
+
+def force_prefix_(scores: Tensor, model_scores: Tensor, prefixes: list[Optional[list[int]]], step: int) -> None:
+    """Forced target prefixes: where `step` is inside a row's prefix, only the prefix's token may be produced, with
+    the score the model gives it (in place).
+
+    Args:
+        scores: `(rows, vocab)` after the other restrictions (pad, bos, min_len, n-gram blocking).
+        model_scores: `(rows, vocab)` the model's own log-probabilities (or logits), before them.
+        prefixes: per row, the forced tokens, or None.
+        step: the position being decoded (0: the first token after bos).
+    """
+    for row, prefix in enumerate(prefixes):
+        if prefix is not None and step < len(prefix):
+            token = prefix[step]
+            value = model_scores[row, token].clone()
+            scores[row] = float("-inf")
+            scores[row, token] = value

@@ -11,6 +11,7 @@ K rows of their own (the sentence's source repeated K times); each stops at its 
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -61,7 +62,8 @@ def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
 def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, n_samples: int = 1,
                   top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0,
                   max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
-                  no_repeat_ngram_size: int = 0) -> list[list[Hypothesis]]:
+                  no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None
+                  ) -> list[list[Hypothesis]]:
     """Draw n_samples outputs per sentence (see the module docstring); pad and bos are never drawn, eos not before
     min_len tokens, and no token that would repeat an n-gram of no_repeat_ngram_size tokens.
 
@@ -71,6 +73,7 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         n_samples: independent samples per sentence.
         top_k, top_p, temperature: see `sampling_distribution`.
         seed: with the source tokens and the sample's number, fixes each sample's random stream.
+        prefixes: per sentence, target tokens every sample starts with (None: free; no draw is spent on them).
         max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths`.
 
     Returns:
@@ -84,6 +87,7 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     src = src.repeat_interleave(n_samples, dim=0)  # (batch * n_samples, src_len): one row per sample
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
+    row_prefixes = [p for p in (prefixes or [None] * len(lengths)) for _ in range(n_samples)]
     max_lengths = max_output_lengths(mask, max_len_a, max_len_b, model.config.max_positions)
     cache = model.new_cache(model.encode(src, mask), mask)
     last = torch.full((rows,), BOS_ID, dtype=torch.long, device=src.device)
@@ -100,8 +104,14 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         if no_repeat_ngram_size:
             block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
         probs = sampling_distribution(logits, top_k, top_p, temperature)
-        uniforms = torch.tensor([streams[i].random() for i in alive], dtype=torch.float64)
+        forced = [row_prefixes[i][step] if row_prefixes[i] is not None and step < len(row_prefixes[i]) else -1
+                  for i in alive]
+        uniforms = torch.tensor([streams[i].random() if f < 0 else 0.0 for i, f in zip(alive, forced)],
+                                dtype=torch.float64)
         tokens = draw(probs, uniforms.to(probs.device))
+        if max(forced) >= 0:
+            forced_t = torch.tensor(forced, device=tokens.device)
+            tokens = torch.where(forced_t >= 0, forced_t, tokens)
         lprobs = model_lprobs.gather(1, tokens[:, None])[:, 0]
         keep = []
         for row, (i, token, lprob) in enumerate(zip(alive, tokens.tolist(), lprobs.tolist())):

@@ -82,6 +82,13 @@ class TranslateRequest(DecodingRequest):
     top_p: Optional[float] = Field(None, description="with sampling: from the nucleus of this probability")
     temperature: Optional[float] = Field(None, description="with sampling: divide the logits by this")
     seed: Optional[int] = Field(None, description="with sampling: same seed and sentence, same samples")
+    prefix: Optional[list[str]] = Field(None, description="per sentence, a target prefix the translation starts "
+                                        "with (\"\": none); one string for one sentence")
+
+    @field_validator("prefix", mode="before")
+    @classmethod
+    def one_prefix_is_a_list_of_one(cls, prefix: Any) -> Any:
+        return [prefix] if isinstance(prefix, str) else prefix
 
     @field_validator("text", mode="before")
     @classmethod
@@ -172,7 +179,14 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         start = time.perf_counter()
         sentences = sentences_of(body.text)
         options = options_for(body, n_best=body.n_best)
-        results = await batcher.translate(sentences, options)
+        if body.prefix is None:
+            results = await batcher.translate(sentences, options)
+        elif len(body.prefix) != len(sentences):
+            raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(body.prefix)}")
+        else:  # prefixes are per sentence: this request is decoded on its own
+            search = {key: getattr(options, key) for key in SEARCH_OPTIONS}
+            results = await batcher.run_on_worker(lambda: translator.translate_n_best(
+                sentences, prefixes=body.prefix, **search))
         response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
         if body.n_best is not None:
             response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
