@@ -138,3 +138,50 @@ def test_prefixes_from_the_api_the_cli_the_server_and_ctranslate2(checkpoint, li
     export_ctranslate2(checkpoint, tmp_path / "ct2")
     greedy = translator.translate(lines[:4], prefixes=prefixes, beam_size=1)
     assert CTranslate2Translator(tmp_path / "ct2").translate(lines[:4], prefixes=prefixes, beam_size=1) == greedy
+
+
+def test_ensembles_from_the_cli_and_their_refusals(trained_run, checkpoint, lines, tmp_path, capsys):
+    from tests.hf_models import write_our_checkpoint
+
+    last = trained_run / "checkpoints" / "last.pt"
+    ensemble = Translator.from_checkpoints([checkpoint, last])
+    assert len(ensemble.members) == 2
+    outputs = ensemble.translate(lines[:5], beam_size=4)
+    assert main(["translate", "--checkpoint", str(checkpoint), "--checkpoint", str(last), "--beam-size", "4",
+                 *lines[:5]]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs
+    assert Translator.from_checkpoints([checkpoint, checkpoint]).translate(lines[:5], beam_size=4) == \
+        Translator.from_checkpoint(checkpoint).translate(lines[:5], beam_size=4)
+    other = write_our_checkpoint(tmp_path / "other.pt")  # another tokenizer
+    refused = {("--checkpoint", str(other)): ["tokenizer", str(checkpoint), str(other)],
+               ("--checkpoint", str(last), "--compile"): ["--compile"]}
+    for extra, words in refused.items():
+        assert main(["translate", "--checkpoint", str(checkpoint), *extra, lines[0]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_alignments_cover_every_target_word_within_the_source(checkpoint, lines, capsys):
+    translator = Translator.from_checkpoint(checkpoint)
+    translations = translator.translate(lines[:10])
+    for line, text, pairs in zip(lines, translations, translator.align(lines[:10], translations)):
+        assert {j for _, j in pairs} == set(range(len(text.split())))  # each target word aligned
+        assert all(0 <= i < len(line.split()) for i, _ in pairs)
+    assert main(["translate", "--checkpoint", str(checkpoint), "--alignment", *lines[:3]]) == 0
+    printed = [row.split("\t") for row in capsys.readouterr().out.splitlines()]
+    assert [text for text, _ in printed] == translations[:3]
+    assert [links for _, links in printed] == [" ".join(f"{i}-{j}" for i, j in pairs)
+                                               for pairs in translator.align(lines[:3], translations[:3])]
+
+
+def test_server_alignments(checkpoint, lines):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer.serve import create_app
+
+    translator = Translator.from_checkpoint(checkpoint)
+    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+        body = client.post("/translate", json={"text": lines[:2], "alignment": True}).json()
+        assert body["alignments"] == [[list(p) for p in pairs]
+                                      for pairs in translator.align(lines[:2], body["translations"])]

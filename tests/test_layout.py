@@ -17,6 +17,7 @@ ORDER = [
     "tokenizer", "data.text", "data.datasets", "data.batching", "data.token_cache", "data", "files", "hf",
     "checkpoint",
     "decoding.interface", "decoding.ngram", "decoding.greedy", "decoding.beam", "decoding.sampling",
+    "decoding.ensemble", "decoding.alignment",
     "decoding", "translate", "evaluate", "ct2",
     "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",

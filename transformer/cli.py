@@ -20,10 +20,11 @@ from tqdm import tqdm
 
 from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
-from .config import Config, ConfigError, OptionError, load_config, override_config
+from .config import ConfigError, OptionError, load_config
 from .ct2 import QUANTIZATIONS, ExportError
-from .data import DataError, LineReader, count_lines, load_split, read_lines
+from .data import DataError, LineReader, count_lines
 from .data.text import input_chunks, silence_stdout, utf8_stdout, write_and_flush
+from .decoding.alignment import pharaoh
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
 
@@ -93,11 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", required=True, help="the averaged checkpoint (.pt)")
 
     translate = command("translate", help="translate sentences (arguments, --input FILE, or stdin)")
-    translate.add_argument("--checkpoint", required=True, help="a .pt checkpoint, e.g. RUN/checkpoints/best.pt, or "
-                           "a folder written by `transformer export` (decoded with CTranslate2)")
+    translate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint (e.g. "
+                           "RUN/checkpoints/best.pt), a folder written by `transformer export` (decoded with "
+                           "CTranslate2) or a MarianMT folder; repeated (--checkpoint A --checkpoint B): an ensemble")
     translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="write translations here (default: stdout)")
+    translate.add_argument("--alignment", action="store_true", help="after each translation a TAB and its word "
+                           "alignment: Pharaoh i-j pairs (source word i, target word j), from the last layer")
     translate.add_argument("--prefix-file", help="one target prefix per input line (empty: none); each translation "
                            "starts with its prefix, then goes on freely")
     translate.add_argument("--buffer-size", type=int, default=1000, help="lines read, decoded (sorted by length) "
@@ -105,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(translate)
 
     evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
-    evaluate.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder")
+    evaluate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint or an exported "
+                          "CTranslate2 folder; repeated: an ensemble")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument("--ref", nargs="+", metavar="REF",
                           help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
@@ -142,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)")
 
     serve = command("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
-    serve.add_argument("--checkpoint", required=True, help="a .pt checkpoint or an exported CTranslate2 folder "
-                       "(no /attention for the latter)")
+    serve.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint or an exported "
+                       "CTranslate2 folder (no /attention for the latter); repeated: an ensemble")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
@@ -264,6 +269,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                                  workers=args.workers, compile=args.compile)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
+    if args.alignment and not hasattr(translator, "align"):
+        raise ConfigError("--alignment reads our model's attention; a CTranslate2 folder has none to read")
     _note_compile(args)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -283,10 +290,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, fewer than the "
                                 "input's: give one prefix line (empty for none) per input line")
             chunk = []
-            for hyps in translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best), prefixes=prefixes,
-                                                    **_decoding_kwargs(args)):
-                chunk += ([f"{index}\t{score:.4f}\t{text}\n" for text, score in hyps] if args.n_best
-                          else [hyps[0][0] + "\n"])
+            results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best), prefixes=prefixes,
+                                                  **_decoding_kwargs(args))
+            for line, hyps in zip(lines, results):
+                texts = [text for text, _ in hyps]
+                if args.alignment:
+                    texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, translator.align([line] * len(texts), texts))]
+                chunk += ([f"{index}\t{score:.4f}\t{t}\n" for t, (_, score) in zip(texts, hyps)] if args.n_best
+                          else [texts[0] + "\n"])
                 index += 1
             write_and_flush(out, "".join(chunk), args.output or "stdout")
         if prefix_reader and prefix_reader.read(1):
@@ -303,38 +314,16 @@ EVALUATE_CHUNK = 2000
 """Sentences `evaluate` decodes between progress-bar updates (sorted by length within each)."""
 
 
-def _evaluation_data(args: argparse.Namespace, config: Config) -> tuple[list[str], list[list[str]], str, str]:
-    """Source lines, reference streams (one list of lines per reference file), target language, and a description
-    of where they came from."""
-    if args.split:
-        if args.src or args.ref:
-            raise ConfigError(f"evaluate: --split {args.split} and --src/--ref name two test sets; give one of them")
-        config = override_config(config, args.set, sections=("data",), source=str(args.checkpoint))
-        split = {"test": config.data.test_split, "valid": config.data.valid_split}.get(args.split, args.split)
-        corpus = load_split(config.data, split)
-        return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin
-    if args.set:
-        raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
-    if not (args.src and args.ref):
-        raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
-    src = read_lines(args.src)
-    refs = []
-    for path in args.ref:
-        refs.append(read_lines(path))
-        if len(refs[-1]) != len(src):
-            raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {args.src} has {len(src)}")
-    return src, refs, config.data.tgt_lang, f"{args.src} + {' + '.join(args.ref)}"
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .ct2 import open_translator
-    from .evaluate import check_bleu_tokenizer, corpus_scores
+    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
     translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
                                  workers=args.workers, compile=args.compile)
-    src, refs, tgt_lang, origin = _evaluation_data(args, translator.config)
+    src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
+                                                  " ".join(args.checkpoint))
     _note_compile(args)
     hyps: list[str] = []
     with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
@@ -353,7 +342,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         hyp_path = json_path.with_suffix(".hyp.txt")
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        record = {**scores.to_dict(), "checkpoint": str(args.checkpoint), "data": origin,
+        record = {**scores.to_dict(), "checkpoint": " ".join(args.checkpoint), "data": origin,
                   "beam_size": options.beam_size, "length_penalty": length_penalty,
                   "quantization": args.quantization, "compile": args.compile, "workers": args.workers,
                   "hypotheses": str(hyp_path)}

@@ -269,14 +269,28 @@ class CTranslate2Translator:
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
 
-def open_translator(checkpoint: str | Path, device: str = "cpu", quantization: Optional[str] = None,
-                    workers: int = 1, compile: bool = False) -> Any:
-    """A `Translator` for a checkpoint file, or a `CTranslate2Translator` for an exported folder.
+def open_translator(checkpoint: str | Path | list[str | Path], device: str = "cpu",
+                    quantization: Optional[str] = None, workers: int = 1, compile: bool = False) -> Any:
+    """A `Translator` for a checkpoint file (an ensemble for several), or a `CTranslate2Translator` for an exported
+    folder.
 
     Raises:
         OptionError: a quantization for a CTranslate2 folder (its weight type was chosen by `transformer export`), or
-            compile (ours only).
+            compile (ours only, one model); a CTranslate2 folder in an ensemble.
     """
+    if isinstance(checkpoint, (list, tuple)) and len(checkpoint) == 1:
+        checkpoint = checkpoint[0]
+    if isinstance(checkpoint, (list, tuple)):
+        from .translate import Translator
+
+        folders = [str(path) for path in checkpoint if is_ctranslate2_dir(path)]
+        if folders:
+            raise OptionError(f"an ensemble is of our checkpoints: {folders[0]} is a CTranslate2 folder (CTranslate2 "
+                              "decodes one model)")
+        if compile:
+            raise OptionError("{compile} compiles one model's decoder, not an ensemble", compile=True)
+        return Translator.from_checkpoints(list(checkpoint), device=device, quantization=quantization,
+                                           workers=workers)
     if is_ctranslate2_dir(checkpoint):
         if compile:
             raise OptionError(f"{{compile}} compiles our own decoder; {checkpoint} is a CTranslate2 folder, "

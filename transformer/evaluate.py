@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import sacrebleu
 
-from .config import OptionError
+from .config import Config, ConfigError, OptionError, override_config
+from .data import DataError, load_split, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -83,3 +85,33 @@ def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]]
     chrf_score = chrf.corpus_score(hypotheses, streams)
     return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()),
                   len(hypotheses))
+
+
+def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str], ref_paths: Optional[list[str]],
+                    overrides: list[str], checkpoint: str) -> tuple[list[str], list[list[str]], str, str]:
+    """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
+    the target language, and where they came from. Either a split of the checkpoint's data section (with `--set
+    data.KEY=VALUE` overrides) or --src and --ref files.
+
+    Raises:
+        ConfigError: both or neither given, or overrides without a split.
+        DataError: unreadable or misaligned files.
+    """
+    if split:
+        if src_path or ref_paths:
+            raise ConfigError(f"evaluate: --split {split} and --src/--ref name two test sets; give one of them")
+        config = override_config(config, overrides, sections=("data",), source=checkpoint)
+        name = {"test": config.data.test_split, "valid": config.data.valid_split}.get(split, split)
+        corpus = load_split(config.data, name)
+        return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin
+    if overrides:
+        raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
+    if not (src_path and ref_paths):
+        raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
+    src = read_lines(src_path)
+    refs = []
+    for path in ref_paths:
+        refs.append(read_lines(path))
+        if len(refs[-1]) != len(src):
+            raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}")
+    return src, refs, config.data.tgt_lang, f"{src_path} + {' + '.join(ref_paths)}"

@@ -22,9 +22,11 @@ from typing import Any, Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import EOS_ID, Config, DecodingConfig, OptionError
+from .config import BOS_ID, EOS_ID, Config, DecodingConfig, OptionError
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
+from .decoding.alignment import align_words
+from .decoding.ensemble import EnsembleDecoder
 from .decoding.sampling import sample_decode
 from .device import resolve_device
 from .fast import decoder_for
@@ -90,6 +92,7 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()
         self.decoder = decoder_for(self.model, quantization, compile)
+        self.members = [self.model]  # the models decoding together (more than one: `from_checkpoints`)
         self.quantization = quantization
         self.compile = compile
         self.tokenizer = tokenizer
@@ -109,6 +112,32 @@ class Translator:
         resolved = resolve_device(device)
         config, model, tokenizer = load_for_inference(path)
         return cls(model, tokenizer, config, resolved, quantization=quantization, workers=workers, compile=compile)
+
+    @classmethod
+    def from_checkpoints(cls, paths: list[str | Path], device: str = "cpu", quantization: Optional[str] = None,
+                         workers: int = 1) -> "Translator":
+        """An ensemble (`decoding/ensemble.py`) of the checkpoints, or `from_checkpoint` for one. The first one's
+        config gives the decoding defaults and `model` (attention plots).
+
+        Raises:
+            CheckpointError: a file is missing, corrupt or unsafe.
+            OptionError: the checkpoints' tokenizers or vocabularies differ (naming both files); as `Translator`.
+        """
+        if len(paths) == 1:
+            return cls.from_checkpoint(paths[0], device, quantization, workers)
+        loaded = [load_for_inference(path) for path in paths]
+        first = loaded[0][2].digest()
+        for path, (_, _, tokenizer) in zip(paths[1:], loaded[1:]):
+            if tokenizer.digest() != first:
+                raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
+                                  "different ones")
+        config, model, tokenizer = loaded[0]
+        translator = cls(model, tokenizer, config, resolve_device(device), quantization=quantization,
+                         workers=workers)
+        translator.members = [m.to(translator.device).eval() for _, m, _ in loaded]
+        translator.decoder = EnsembleDecoder([translator.decoder] + [decoder_for(m, quantization, False)
+                                                                     for m in translator.members[1:]])
+        return translator
 
     def warm_up(self) -> float:
         """With `compile=True`, compile now what would otherwise compile at the first greedy batch and the first beam
@@ -181,11 +210,52 @@ class Translator:
         self.stats.n_truncated = n_truncated
         return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
+    @torch.no_grad()
+    def align(self, sentences: list[str], translations: list[str], layer: int = -1,
+              head: Optional[int] = None) -> list[list[tuple[int, int]]]:
+        """Word alignments of each (sentence, translation) pair from the encoder-decoder attention of the readable
+        model (`decoding/alignment.py`): the translation is tokenized and fed teacher-forced, so any target text can
+        be aligned, not only our own output.
+
+        Args:
+            layer: the decoder layer (default: the last).
+            head: one head, or None for the mean of the layer's heads.
+
+        Returns:
+            Per pair, sorted (source word, target word) index pairs over whitespace words (0-based).
+
+        Raises:
+            OptionError: a layer or head the model does not have, or lists of different lengths.
+        """
+        n_layers, n_heads = self.model.config.n_decoder_layers, self.model.config.n_heads
+        if not -n_layers <= layer < n_layers or (head is not None and not 0 <= head < n_heads):
+            raise OptionError(f"alignment layer {layer} / head {head}: the model has {n_layers} decoder layers and "
+                              f"{n_heads} heads")
+        if len(sentences) != len(translations):
+            raise OptionError(f"{len(sentences)} sentences but {len(translations)} translations to align")
+        limit = self.model.config.max_positions
+        out = []
+        for sentence, translation in zip(sentences, translations):
+            src_ids = self.tokenizer.encode_src([sentence.strip()])[0][-limit:]
+            tgt_ids = self.tokenizer.encode_tgt([translation.strip()])[0][: limit - 1]
+            if len(src_ids) < 2 or not tgt_ids:
+                out.append([])
+                continue
+            src = torch.tensor([src_ids], device=self.device)
+            tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=self.device)
+            _, weights = self.model.forward_with_attention(src, tgt_in)
+            cross = weights.cross[layer][0]  # (n_heads, tgt_len + 1, src_len)
+            cross = cross.mean(0) if head is None else cross[head]
+            src_pieces = [self.tokenizer.id_to_piece(i, "src") for i in src_ids[:-1]]
+            # row k is the position that produces target piece k (its input: bos, then the pieces before it)
+            out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
+        return out
+
     def _encode(self, sentences: list[str]) -> tuple[list[Optional[list[int]]], int]:
         """Source ids per sentence (None for empty input), truncated to max_positions with a warning; and the
         number truncated."""
         n_truncated = 0
-        limit = self.model.config.max_positions
+        limit = self.decoder.config.max_positions
         out: list[Optional[list[int]]] = []
         texts = [s.strip() for s in sentences]
         encoded = self.tokenizer.encode_src([t for t in texts if t])

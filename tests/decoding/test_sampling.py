@@ -147,3 +147,19 @@ def test_forced_prefixes_in_a_batch_equal_each_line_alone(model, search):
         assert h.score == pytest.approx(forced_score(model, src[0], h.tokens, h.finished, 0.0), abs=1e-4)
     free = run(src, mask, None)
     assert [h.tokens for h in free[1]] == [h.tokens for h in together[1]]  # no prefix: as without prefixes
+
+
+def test_word_alignment_from_piece_attention():
+    from transformer.decoding.alignment import align_words, pharaoh, word_index
+
+    src = ["\u2581Ein", "\u2581Mann", "\u2581fähr", "t", "."]  # words: Ein Mann fährt.
+    tgt = ["\u2581A", "\u2581man", "\u2581ride", "s", "."]
+    assert word_index(src) == [0, 1, 2, 2, 2]
+    weights = torch.zeros(len(tgt), len(src) + 1)
+    for t, s in enumerate([0, 1, 2, 3, 4]):
+        weights[t, s] = 1.0
+    weights[:, -1] = 5.0  # the source eos is never aligned to
+    assert pharaoh(align_words(weights, src, tgt)) == "0-0 1-1 2-2"
+    weights[2] = torch.tensor([0.0, 0.9, 0.1, 0.0, 0.0, 0.0])  # "ride" looks at "Mann"
+    assert align_words(weights, src, tgt) == [(0, 0), (1, 1), (1, 2), (2, 2)]
+    assert align_words(weights, [], tgt) == []

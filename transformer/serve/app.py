@@ -85,6 +85,8 @@ class TranslateRequest(DecodingRequest):
     prefix: Optional[list[str]] = Field(None, description="per sentence, a target prefix the translation starts "
                                         "with (\"\": none); one string for one sentence")
 
+    alignment: Optional[bool] = Field(None, description="also return each translation's word alignment")
+
     @field_validator("prefix", mode="before")
     @classmethod
     def one_prefix_is_a_list_of_one(cls, prefix: Any) -> Any:
@@ -109,6 +111,8 @@ class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="one per input sentence, in input order")
     n_best: Optional[list[list[Hypothesis]]] = Field(None, description="when n_best was asked for: per sentence, "
                                                      "best first")
+    alignments: Optional[list[list[list[int]]]] = Field(None, description="when alignment was asked for: per "
+                                                        "sentence, [source word, target word] pairs")
     beam_size: int
     elapsed_ms: float
 
@@ -188,6 +192,12 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
             results = await batcher.run_on_worker(lambda: translator.translate_n_best(
                 sentences, prefixes=body.prefix, **search))
         response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
+        if body.alignment:
+            if not _is_pytorch(translator):
+                raise RequestError(501, "alignment", "alignments need a PyTorch checkpoint (.pt); this server runs "
+                                   "an exported CTranslate2 model")
+            pairs = await batcher.run_on_worker(translator.align, sentences, response["translations"])
+            response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
         if body.n_best is not None:
             response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
         response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
@@ -236,7 +246,8 @@ def _describe(translator: Any, checkpoint: str) -> dict:
     is_torch = _is_pytorch(translator)
     tokenizer = translator.tokenizer
     return {
-        "model": {"checkpoint": Path(checkpoint).name, "engine": "pytorch" if is_torch else "ctranslate2",
+        "model": {"checkpoint": " ".join(Path(c).name for c in checkpoint.split(" ")),
+                  "engine": "pytorch" if is_torch else "ctranslate2",
                   **{k: getattr(config.model, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
                                                              "n_decoder_layers", "max_positions", "norm_first")},
                   "parameters": translator.num_parameters if is_torch else None,

@@ -14,7 +14,8 @@ from ..ct2 import open_translator
 from .app import ServeLimits, create_app
 
 
-def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int = 0,
+def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
+               threads: int = 0,
                limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
                access_log: bool = True, quantization: Optional[str] = None,
                compile: bool = False) -> None:
@@ -47,6 +48,7 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, devic
             print("compiling the decoding step for greedy and beam search (about 20-60 s each) ...", file=sys.stderr,
                   flush=True)
             print(f"compiled in {translator.warm_up():.1f} s", file=sys.stderr, flush=True)
+        checkpoint = " ".join(checkpoint) if isinstance(checkpoint, list) else checkpoint
         app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
                          max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
         print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
