@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..fast.reductions import row_argmax
-from .interface import IncrementalDecoder
+from .interface import IncrementalCache, IncrementalDecoder
 from .ngram import block_repeated_ngrams_, force_prefix_
 
 
@@ -56,6 +56,34 @@ def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b
     """
     src_lengths = (~src_key_padding_mask).sum(1).tolist()
     return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
+
+
+def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], finished: list[bool],
+                    max_lengths: list[int], cache: IncrementalCache) -> tuple[list[int], Tensor]:
+    """One step's bookkeeping for searches with one row per output (greedy decoding, sampling): append each row's
+    token to its output (eos marks it finished instead), then drop the rows that finished or reached their length
+    cap from the batch and from the cache.
+
+    Args:
+        tokens: `(len(alive),)` this step's token of each row.
+        alive: the output index of each row; outputs, finished, max_lengths: per output, updated in place.
+
+    Returns:
+        The rows still decoding and their last tokens `(len(kept),)`; an empty list when none is left.
+    """
+    keep = []
+    for row, (i, token) in enumerate(zip(alive, tokens.tolist())):
+        if token == EOS_ID:
+            finished[i] = True
+            continue
+        outputs[i].append(token)
+        if len(outputs[i]) < max_lengths[i]:
+            keep.append(row)
+    if len(keep) < len(alive) and keep:
+        index = torch.tensor(keep, device=tokens.device)
+        tokens = tokens.index_select(0, index)
+        cache.select(index, index)
+    return [alive[row] for row in keep], tokens
 
 
 @torch.no_grad()
@@ -112,20 +140,7 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
             best_lprobs = candidates.gather(1, best[:, None])[:, 0]
             for i, lprob in zip(alive, best_lprobs.tolist()):
                 totals[i] += lprob
-        keep = []
-        for row, (i, token) in enumerate(zip(alive, best.tolist())):
-            if token == EOS_ID:
-                finished[i] = True
-                continue
-            outputs[i].append(token)
-            if len(outputs[i]) < max_lengths[i]:
-                keep.append(row)
-        if len(keep) < len(alive):
-            if not keep:
-                break
-            index = torch.tensor(keep, device=src.device)
-            best = best.index_select(0, index)
-            cache.select(index, index)
-            alive = [alive[row] for row in keep]
-        last = best
+        alive, last = keep_unfinished(best, alive, outputs, finished, max_lengths, cache)
+        if not alive:
+            break
     return [Hypothesis(outputs[i], totals[i] if scores else float("nan"), finished[i]) for i in range(n)]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..config import BOS_ID, EOS_ID, PAD_ID
-from .greedy import Hypothesis, max_output_lengths
+from .greedy import Hypothesis, keep_unfinished, max_output_lengths
 from .interface import IncrementalDecoder
 from .ngram import block_repeated_ngrams_
 
@@ -112,23 +112,10 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         if max(forced) >= 0:
             forced_t = torch.tensor(forced, device=tokens.device)
             tokens = torch.where(forced_t >= 0, forced_t, tokens)
-        lprobs = model_lprobs.gather(1, tokens[:, None])[:, 0]
-        keep = []
-        for row, (i, token, lprob) in enumerate(zip(alive, tokens.tolist(), lprobs.tolist())):
+        for i, lprob in zip(alive, model_lprobs.gather(1, tokens[:, None])[:, 0].tolist()):
             totals[i] += lprob
-            if token == EOS_ID:
-                finished[i] = True
-                continue
-            outputs[i].append(token)
-            if len(outputs[i]) < max_lengths[i]:
-                keep.append(row)
-        if len(keep) < len(alive):
-            if not keep:
-                break
-            index = torch.tensor(keep, device=src.device)
-            tokens = tokens.index_select(0, index)
-            cache.select(index, index)
-            alive = [alive[row] for row in keep]
-        last = tokens
+        alive, last = keep_unfinished(tokens, alive, outputs, finished, max_lengths, cache)
+        if not alive:
+            break
     hyps = [Hypothesis(outputs[i], totals[i], finished[i]) for i in range(rows)]
     return [hyps[s * n_samples:(s + 1) * n_samples] for s in range(rows // n_samples)]
