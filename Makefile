@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf]"
+	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf,tensorboard]"
 	touch $@
 
 install: $(VENV)/.installed browser

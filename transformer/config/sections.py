@@ -260,6 +260,10 @@ class TrainingConfig:
     Weights and optimizer state stay fp32."""
     compile: bool = False
     """Wrap the training module with torch.compile."""
+    tensorboard: Optional[bool] = None
+    """Write TensorBoard logs to RUN_DIR/tensorboard/ (losses, learning rate, gradient norm, tokens/s, validation
+    scores, sample translations, a cross-attention image; `training/tensorboard.py`). null: on when the
+    tensorboard package is installed; true without it is an error."""
     init_from: Optional[str] = None
     """Set by `transformer train --init-from SOURCE`: the checkpoint or MarianMT folder whose weights and tokenizer
     the run started from (fine-tuning); null: trained from scratch."""

@@ -121,6 +121,7 @@ RESUME_MAY_CHANGE = {
     "training.device": "the run continues on the new device (optimizer state is moved there)",
     "training.precision": "the new precision from the resumed step on (auto keeps what it resolved to at the start)",
     "training.compile": "torch.compile on or off from the resumed step on",
+    "training.tensorboard": "TensorBoard logs on or off from the resumed step on",
     "data.cache_dir": "the token cache is looked for (or rebuilt, with the same contents) in the new folder",
     "data.valid_max_sentences": "validation BLEU on the new number of sentences (best_bleu so far was measured on "
                                 "the old number)",

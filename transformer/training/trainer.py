@@ -13,6 +13,8 @@ The run directory holds:
     checkpoints/last.pt, best.pt, step_N.pt (the last `keep_last_checkpoints`, written at validations and every
                                 `save_every_steps`)
     metrics.jsonl               one JSON line per logged step ("train") and per validation ("valid")
+    tensorboard/                the same figures, sample translations and an attention image for TensorBoard
+                                (`training.tensorboard`; `training/tensorboard.py`)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .distributed import Distributed, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
+from .tensorboard import SAMPLES, TensorBoardLog, cross_attention, source_text, wants_tensorboard
 from .validate import MetricsLog, validate
 
 logger = logging.getLogger(__name__)
@@ -182,11 +185,17 @@ def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optio
     logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
                 device, dist.world_size, len(train_data))
     metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None) if dist.is_main else None
+    board = (TensorBoardLog(run_dir / "tensorboard", state.step + 1 if resume else None)
+             if dist.is_main and wants_tensorboard(config) else None)
     run = TrainingRun(model, module, optimizer, scaler, tokenizer, train_data, valid_data, config, run_dir, device,
-                      dist, metrics)
-    with _StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
-                                      dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main) as bar:
-        training_loop(run, state, stop, bar)
+                      dist, metrics, board)
+    try:
+        with _StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
+                                          dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main) as bar:
+            training_loop(run, state, stop, bar)
+    finally:
+        if board is not None:
+            board.close()
     return state
 
 
@@ -272,6 +281,8 @@ class TrainingRun:
     dist: Distributed
     metrics: Optional["MetricsLog"]
     """None on every process but rank 0."""
+    tensorboard: Optional[TensorBoardLog] = None
+    """None on every process but rank 0, and when `training.tensorboard` is off."""
 
 
 def _setup(config: Config, dist: Distributed) -> torch.device:
@@ -346,6 +357,8 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) 
               "src_tgt_tokens_per_s": round((tokens + src_tokens) / elapsed, 1),
               "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
     run.metrics.write(record)
+    if run.tensorboard is not None:
+        run.tensorboard.write(record)
     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
                     tok_s=f"{record['tgt_tokens_per_s']:.0f}")
 
@@ -356,15 +369,20 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
     if run.dist.is_main:
         start = time.perf_counter()
         result = validate(run.model, run.tokenizer, run.valid_data, run.config, run.device)
+        hypotheses, hypothesis_ids = result.pop("hypotheses"), result.pop("hypothesis_ids")
+        if run.tensorboard is not None:
+            _board_validation(run, state.step, hypotheses, hypothesis_ids)
         run.module.train()
         is_best = result["bleu"] > state.best_bleu
         if is_best:
             state.best_bleu, state.evals_without_improvement = result["bleu"], 0
         else:
             state.evals_without_improvement += 1
-        run.metrics.write({"type": "valid", "step": state.step, "epoch": state.epoch, **result,
-                           "best_bleu": state.best_bleu, "valid_s": round(time.perf_counter() - start, 1),
-                           "elapsed_s": round(state.elapsed_s, 1)})
+        record = {"type": "valid", "step": state.step, "epoch": state.epoch, **result, "best_bleu": state.best_bleu,
+                  "valid_s": round(time.perf_counter() - start, 1), "elapsed_s": round(state.elapsed_s, 1)}
+        run.metrics.write(record)
+        if run.tensorboard is not None:
+            run.tensorboard.write(record)
         tqdm.write(f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
                    f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})")
         save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
@@ -376,6 +394,17 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
     state.best_bleu, state.evals_without_improvement, stop = run.dist.broadcast(
         (state.best_bleu, state.evals_without_improvement, stop))
     return stop
+
+
+def _board_validation(run: TrainingRun, step: int, hypotheses: list[str], hypothesis_ids: list[list[int]]) -> None:
+    """Sample translations and the attention image of the first validation sentence for TensorBoard."""
+    pairs, n = run.valid_data.pairs, min(SAMPLES, len(hypotheses))
+    sources = [source_text(run.tokenizer, pairs.src(i).tolist()) for i in range(n)]
+    run.tensorboard.write_samples(step, sources, run.valid_data.references[:n], hypotheses[:n])
+    if hypothesis_ids:
+        weights, src_pieces, tgt_pieces = cross_attention(run.model, run.tokenizer, pairs.src(0).tolist(),
+                                                          hypothesis_ids[0], run.device)
+        run.tensorboard.write_attention(step, weights, src_pieces, tgt_pieces)
 
 
 class _StopRequest:

@@ -26,7 +26,9 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
     `data.valid_max_sentences` sentences (all if 0). Leaves the model in eval mode.
 
     Returns:
-        {"loss", "nll", "ppl", "bleu", "chrf", "bleu_signature", "n_sentences"}: loss and nll per target token.
+        {"loss", "nll", "ppl", "bleu", "chrf", "bleu_signature", "n_sentences", "hypotheses", "hypothesis_ids"}:
+        loss and nll per target token; the greedy translations of the scored sentences (texts, and token ids
+        without bos/eos), in order.
     """
     model.eval()
     total_loss = total_nll = 0.0
@@ -46,7 +48,8 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
     scores = corpus_scores(texts, valid.references[:limit], config.data.tgt_lang)
     return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "ppl": math.exp(min(total_nll / n_tokens, 50)),
             "bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
-            "n_sentences": limit}
+            "n_sentences": limit, "hypotheses": texts,
+            "hypothesis_ids": [list(h[0].tokens) for h in hyps]}
 
 
 class MetricsLog:
