@@ -16,7 +16,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate bench-decode bench-train bench-serve clean
+.PHONY: install browser test test-fast lint train evaluate bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,12 @@ bench-serve: install
 
 bench-train: install
 	$(BIN)/python scripts/benchmark_train.py --config $(CONFIG) $(SET_FLAGS)
+
+# On a CUDA machine, with the Python and torch found there (no virtual environment, no network): environment,
+# `pytest -m cuda`, training and decoding speed, torchrun with nccl; one JSON line (scripts/gpu_check.py).
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -43,6 +43,15 @@ def pytest_collection_modifyitems(items: list) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request) -> torch.device:
+    """Each device-parametrized test runs on the CPU always and on CUDA when a GPU is present (`pytest -m cuda`
+    selects the CUDA half)."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(request.param)
+
+
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
 def model(request) -> Transformer:
     return tiny_model(norm_first=request.param)
@@ -53,11 +62,14 @@ def model(request) -> Transformer:
 # --------------------------------------------------------------------------------------------------
 
 import gzip  # noqa: E402
+import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+MULTI30K = Path(os.environ.get("MULTI30K_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
+                / "multi30k")
+"""The Multi30k files ({split}.{lang}.gz): $MULTI30K_DIR, else ../shared/data/multi30k beside the repository."""
 N_PAIRS = {"train": 4000, "val": 100, "test_2016_flickr": 100}
 
 SMALL_CONFIG = {

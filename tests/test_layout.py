@@ -21,7 +21,8 @@ ORDER = [
     "decoding", "translate", "evaluate", "ct2",
     "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
-    "training.checkpoint", "training.init_from", "training.validate", "training.trainer", "training",
+    "training.checkpoint", "training.init_from", "training.validate", "training.tensorboard", "training.trainer",
+    "training",
     "", "cli", "__main__",
 ]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",

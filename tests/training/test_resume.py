@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -56,8 +57,10 @@ def _train_losses(run_dir: Path, key: str = "loss") -> list[float]:
     return [json.loads(line)[key] for line in lines if json.loads(line)["type"] == "train"]
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch):
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch, device):
     # About 15 batches per epoch: the 20 steps cross an epoch boundary after the interruption at step 7.
+    # On CUDA, training.deterministic makes the kernels reproducible (CPU kernels are).
+    tiny_config = with_training(tiny_config, device=device.type, deterministic=device.type == "cuda")
     full = train(tiny_config, tmp_path / "full")
     with monkeypatch.context() as patch:
         interrupt_after(patch, 7)
@@ -122,7 +125,8 @@ def test_sigint_saves_and_says_how_to_resume(tmp_path, multi30k_subset):
     assert state["train_state"]["step"] >= 5
 
 
-def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeypatch):
+def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeypatch, device):
+    tiny_config = with_training(tiny_config, device=device.type)
     real_loss = trainer.batch_loss
     calls = {"n": 0}
 
@@ -266,3 +270,19 @@ def test_resume_with_patience_counts_the_saved_validations(stopped_run, monkeypa
     save_checkpoint(saved, run_dir / "checkpoints" / "last.pt")
     state = train(with_training(config, patience=3, eval_every_steps=5), run_dir, resume=True)
     assert state.step == 10 and state.evals_without_improvement == 3  # stopped at the first validation
+
+
+def test_a_checkpoint_trained_on_the_device_translates_the_same_in_a_cpu_only_process(tmp_path, tiny_config, device):
+    """Tensors saved from a GPU run load in a process that sees no GPU (CUDA_VISIBLE_DEVICES empty) and beam search
+    there gives what it gives on the training device."""
+    from transformer.translate import Translator
+
+    train(with_training(tiny_config, device=device.type, max_steps=15), tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau singt."]
+    on_device = Translator.from_checkpoint(checkpoint, device=device.type).translate(sentences, beam_size=4)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "transformer", "translate", "--checkpoint", str(checkpoint),
+                             "--beam-size", "4", *sentences], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == on_device and any(on_device)

@@ -260,6 +260,10 @@ class TrainingConfig:
     Weights and optimizer state stay fp32."""
     compile: bool = False
     """Wrap the training module with torch.compile."""
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms for the run (and CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset), so that on
+    CUDA a resumed run ends with the same weights as an uninterrupted one, as on the CPU (where it is exact
+    anyway). Slower on GPUs; an operation without a deterministic kernel raises an error."""
     tensorboard: Optional[bool] = None
     """Write TensorBoard logs to RUN_DIR/tensorboard/ (losses, learning rate, gradient norm, tokens/s, validation
     scores, sample translations, a cross-attention image; `training/tensorboard.py`). null: on when the

@@ -122,6 +122,7 @@ RESUME_MAY_CHANGE = {
     "training.precision": "the new precision from the resumed step on (auto keeps what it resolved to at the start)",
     "training.compile": "torch.compile on or off from the resumed step on",
     "training.tensorboard": "TensorBoard logs on or off from the resumed step on",
+    "training.deterministic": "deterministic kernels on or off from the resumed step on",
     "data.cache_dir": "the token cache is looked for (or rebuilt, with the same contents) in the new folder",
     "data.valid_max_sentences": "validation BLEU on the new number of sentences (best_bleu so far was measured on "
                                 "the old number)",
@@ -173,7 +174,7 @@ def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     state = TrainState(**saved["train_state"])
-    if dist.is_distributed:  # one saved RNG state, several processes: derive one stream per process
+    if dist.world_size > 1:  # one saved RNG state, several processes: derive one stream per process
         torch.manual_seed(config.training.seed + 1_000_003 * state.step + dist.rank)
         random.seed(config.training.seed + 1_000_003 * state.step + dist.rank)
     else:
@@ -188,3 +189,22 @@ def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
 
 def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def check_no_earlier_run(run_dir: Path) -> None:
+    """Refuse to start a new run in a folder that holds an earlier run's checkpoints or metrics: starting afresh
+    there would overwrite last.pt and metrics.jsonl and leave the old best.pt and step_N.pt beside the new run's
+    (which `transformer average --last N` would then mix). A folder with only a tokenizer, a config or nothing (what
+    `transformer prepare` writes) is fine.
+
+    Raises:
+        ConfigError: naming the files found, with the two ways on (--resume, or another or emptied --run-dir).
+    """
+    found = sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(metrics)
+    if found:
+        names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ConfigError(f"{run_dir} already holds a training run ({names}): continue it with --resume (make train "
+                          f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}")

@@ -23,11 +23,14 @@ class Distributed:
         rank: 0 .. world_size - 1; rank 0 writes checkpoints, logs, metrics and the progress bar.
         world_size: number of processes.
         local_rank: index on this machine (selects the GPU).
+        joined: this process is in a torch.distributed process group (every torchrun process, also a single
+            one, so that `--nproc_per_node 1` runs the same DDP and collectives path as N processes).
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    joined: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -35,7 +38,7 @@ class Distributed:
 
     @property
     def is_distributed(self) -> bool:
-        return self.world_size > 1
+        return self.joined or self.world_size > 1
 
     def all_reduce_sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sum over all processes (identity for one process)."""
@@ -59,12 +62,13 @@ class Distributed:
 
 
 def init_distributed() -> Distributed:
-    """Join the torchrun process group if this process was started by torchrun (WORLD_SIZE > 1).
+    """Join the torchrun process group if this process was started by torchrun (TORCHELASTIC_RUN_ID set, or
+    WORLD_SIZE > 1).
 
     Backend: nccl when CUDA is available, gloo otherwise (so the whole path runs on a CPU).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
         return Distributed()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
@@ -72,7 +76,7 @@ def init_distributed() -> Distributed:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=backend)
-    return Distributed(rank, world_size, local_rank)
+    return Distributed(rank, world_size, local_rank, joined=True)
 
 
 def shutdown_distributed(finished: bool = False) -> None:

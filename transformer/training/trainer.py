@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import random
 import signal
 import time
@@ -41,7 +42,7 @@ from ..data import Batch, EncodedPairs
 from ..device import resolve_device, resolve_precision
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from .checkpoint import TrainState, checkpoint_path, restore, save_training_checkpoint
+from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
 from .data import ValidationSet, epoch_batches, prepare_data
 from .distributed import Distributed, init_distributed
 from .init_from import InitSource
@@ -112,29 +113,10 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
         _validate_and_save(run, state)
 
 
-def check_no_earlier_run(run_dir: Path) -> None:
-    """Refuse to start a new run in a folder that holds an earlier run's checkpoints or metrics: starting afresh
-    there would overwrite last.pt and metrics.jsonl and leave the old best.pt and step_N.pt beside the new run's
-    (which `transformer average --last N` would then mix). A folder with only a tokenizer, a config or nothing (what
-    `transformer prepare` writes) is fine.
-
-    Raises:
-        ConfigError: naming the files found, with the two ways on (--resume, or another or emptied --run-dir).
-    """
-    found = sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append(metrics)
-    if found:
-        names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (", ..." if len(found) > 4 else "")
-        raise ConfigError(f"{run_dir} already holds a training run ({names}): continue it with --resume (make train "
-                          f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}")
-
-
 def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optional[InitSource] = None) -> TrainState:
     """Train a Transformer as the config says, writing everything into run_dir.
 
-    Under torchrun (WORLD_SIZE > 1) every process runs this; they split each update's batches, DDP averages
+    Under torchrun every process runs this; they split each update's batches, DDP averages
     the gradients, and only rank 0 validates, writes checkpoints, metrics and the progress bar.
 
     Args:
@@ -151,12 +133,20 @@ def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optio
 
     Raises:
         ConfigError, DataError, TokenizerError: bad settings or data, before any long work; a run_dir that holds
-            an earlier run without `resume` (`check_no_earlier_run`).
+            an earlier run without `resume` (`training.checkpoint.check_no_earlier_run`).
         CheckpointError: `resume` with a missing or corrupt last.pt.
         TrainingInterrupted: after SIGINT/SIGTERM, once last.pt is saved.
         NonFiniteLossError: after `max_nonfinite_steps` non-finite updates in a row.
     """
     run_dir = Path(run_dir)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        return _train(config, run_dir, resume, init)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSource]) -> TrainState:
     if resume and not checkpoint_path(run_dir).exists():
         raise ConfigError(f"--resume: no checkpoint {checkpoint_path(run_dir)} to resume from")
     if not resume:
@@ -290,6 +280,9 @@ def _setup(config: Config, dist: Distributed) -> torch.device:
     torch.manual_seed(config.training.seed + dist.rank)  # dropout differs per process; DDP syncs the weights
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
+    if config.training.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True)
     device = resolve_device(config.training.device)
     if device.type == "cuda" and dist.is_distributed:
         device = torch.device("cuda", dist.local_rank)

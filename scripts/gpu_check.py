@@ -1,0 +1,299 @@
+"""Check and measure the toolkit on a GPU in one command: environment, the CUDA tests, training speed of Table 3's
+models in bf16 and fp16, decoding speed, torchrun with nccl. One JSON line of figures at the end.
+
+Usage (on a machine with a CUDA GPU; no network needed):
+    pip install --no-deps --no-build-isolation -e .        # with the torch already there
+    python scripts/gpu_check.py [--shared ../shared] [--work /tmp/gpu_check] [--pairs 300000] [--steps 40]
+    python scripts/gpu_check.py --device cpu --quick        # the same stages in seconds, on a tiny model (CI)
+
+Stages, in order; each one's failure is recorded under "errors" and the others still run; the exit status is 1
+when any failed:
+1. environment: GPU name, memory, torch and CUDA versions, and the measured rate of one large matrix product in
+   fp32 and bf16 (`transformer.device.matmul_seconds`; 8192^3 on a GPU), the peak the MFU figures refer to.
+2. tests: `pytest -m cuda` (the CUDA half of the device-parametrized tests); skipped with --device cpu.
+3. data: a WMT14-sized synthetic corpus from `SHARED/scale/make_corpus.py` (`--pairs` pairs of two joined
+   Multi30k sentences, about 26 words each), `transformer prepare` on it (tokenizer and token cache), then the
+   token cache's start-up time: `prepare_data` again with the cache present.
+4. training: Table 3's base (and big, unless --no-big) from `configs/wmt14_en_de_{base,big}.yaml` on that data,
+   `--warmup` then `--steps` timed updates of the real step (`training.trainer.train_step`, the recipe's
+   accumulate_steps and batch size, batches in the recipe's order) in bf16 and in fp16 (with the GradScaler):
+   target tokens/s (non-pad), MFU against the measured bf16 rate, peak GPU memory.
+5. decoding: the first `--sentences` training sources (2,000), with the base model trained in stage 4, greedy and
+   beam 4 at batch 64 and 256: target tokens/s (the tokens of the outputs, eos included) and sentences/s.
+6. torchrun: `torchrun --standalone --nproc_per_node 1 -m transformer train` for a few updates (nccl on CUDA,
+   gloo on the CPU) on the same data and tokenizer.
+
+FLOPs per sentence pair (ls source, lt target tokens, eos/bos included; 2 FLOPs per multiply-add; training is
+3 x forward) are `scripts/benchmark_train.py`'s:
+
+    encoder, per layer:  ls·(4·d² + 2·d·d_ff) + 2·ls²·d
+    decoder, per layer:  lt·(4·d² + 2·d² + 2·d·d_ff) + ls·2·d² + 2·lt²·d + 2·lt·ls·d
+    output projection:   lt·d·V
+
+MFU = achieved FLOP/s / the measured bf16 matmul FLOP/s (for fp16 runs as well: the two peaks are equal on
+current NVIDIA GPUs; the fp16 rate is printed too).
+
+Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,fp16}, tests {passed, failed,
+skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision: {tgt_tokens_per_s, s_per_step,
+tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, loss}}}, decode [{search, batch_size, tgt_tokens_per_s,
+sentences_per_s, s}], torchrun {backend, s, steps}, total_s, errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+from benchmark_train import training_flops  # noqa: E402
+
+from transformer.config import load_config  # noqa: E402
+from transformer.device import matmul_seconds  # noqa: E402
+from transformer.model import Transformer  # noqa: E402
+from transformer.tokenizer import Tokenizer  # noqa: E402
+from transformer.training.data import epoch_batches, prepare_data  # noqa: E402
+from transformer.training.loss import LossComputation  # noqa: E402
+from transformer.training.optim import build_optimizer, learning_rate, set_lr  # noqa: E402
+from transformer.training.trainer import train_step  # noqa: E402
+from transformer.translate import Translator  # noqa: E402
+
+QUICK_MODEL = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_encoder_layers=1",
+               "model.n_decoder_layers=1", "data.vocab_size=300", "data.max_tokens_per_batch=1024",
+               "training.accumulate_steps=2"]
+"""--quick: a model and batches small enough for a CPU test; the stages are the same."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def environment(device: torch.device, quick: bool) -> dict:
+    size = 1024 if quick else 8192
+    info = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2 ** 30, 1),
+                    capability=f"{props.major}.{props.minor}")
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        if device.type == "cpu" and dtype == torch.float16:
+            continue
+        seconds = matmul_seconds(dtype, device, size=size, repeats=10, budget_s=1.0)
+        info[f"matmul_tflops_{name}"] = round(2 * size ** 3 / seconds / 1e12, 3)
+    return info
+
+
+def cuda_tests(shared: Path) -> dict:
+    start = time.perf_counter()
+    env = {**os.environ, "MULTI30K_DIR": str(shared / "data" / "multi30k")}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"],
+                            cwd=ROOT, capture_output=True, text=True, env=env)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
+    out = {**counts, "s": round(time.perf_counter() - start, 1), "summary": summary}
+    if result.returncode != 0:
+        failures = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        raise RuntimeError(f"pytest -m cuda: {summary}; " + "; ".join(failures[:10]))
+    return out
+
+
+def data_settings(corpus: Path, work: Path, quick: bool) -> list[str]:
+    sets = [f"data.path={corpus}", "data.valid_split=val", "data.test_split=test_2016_flickr",
+            f"data.cache_dir={work / 'cache'}", "data.valid_max_sentences=100"]
+    if quick:
+        return sets + QUICK_MODEL + ["data.spm_max_sentences=4000"]
+    return sets + ["data.spm_max_sentences=200000"]
+
+
+def make_data(args: argparse.Namespace, work: Path, sets: list[str]) -> dict:
+    corpus = work / "corpus"
+    subprocess.run([sys.executable, str(Path(args.shared) / "scale" / "make_corpus.py"), str(corpus),
+                    str(args.pairs)], check=True)
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "transformer", "prepare", "--config", args.config,
+                             "--run-dir", str(work / "prepared"), *[f"--set={s}" for s in sets]],
+                            cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"transformer prepare: {result.stderr.strip().splitlines()[-1:]}")
+    prepare_s = time.perf_counter() - start
+    start = time.perf_counter()
+    prepare_data(load_config(args.config, sets), work / "prepared")
+    return {"pairs": args.pairs, "prepare_s": round(prepare_s, 1),
+            "cache_startup_s": round(time.perf_counter() - start, 2)}
+
+
+def measure_training(config_path: str, sets: list[str], precision: str, work: Path, device: torch.device,
+                     args: argparse.Namespace, peak_tflops: float) -> tuple[dict, Transformer, Tokenizer]:
+    config = load_config(config_path, [*sets, f"training.precision={precision}", f"training.device={device.type}"])
+    torch.manual_seed(config.training.seed)
+    tokenizer, train, _ = prepare_data(config, work / "prepared")
+    model = Transformer(config.model).to(device)
+    optimizer = build_optimizer(model, config.training, device)
+    module = LossComputation(model, config.training.label_smoothing).train()
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    batches = epoch_batches(train, config, epoch=0)
+    accumulate = config.training.accumulate_steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    n_tgt, flops, start, result = 0, 0.0, time.perf_counter(), None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            _sync(device)
+            n_tgt, flops, start = 0, 0.0, time.perf_counter()
+        group = batches[step * accumulate:(step + 1) * accumulate]
+        made = [train.batch(g).pin_memory().to(device, non_blocking=True) if device.type == "cuda"
+                else train.batch(g) for g in group]
+        set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
+        result = train_step(module, optimizer, made, config, scaler=scaler) or result
+        n_tgt += sum(b.n_tgt_tokens for b in made)
+        flops += sum(training_flops(config, int(train.src_lengths[i]), int(train.tgt_lengths[i]))
+                     for g in group for i in g)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    loss = float(result[1]) / max(1, sum(b.n_tgt_tokens for b in made)) if result is not None else float("nan")
+    figures = {"tgt_tokens_per_s": round(n_tgt / seconds), "s_per_step": round(seconds / args.steps, 4),
+               "tgt_tokens_per_step": round(n_tgt / args.steps), "tflops_per_s": round(flops / seconds / 1e12, 3),
+               "mfu": round(flops / seconds / 1e12 / peak_tflops, 3), "last_nll_per_token": round(loss, 3),
+               "parameters": model.num_parameters()}
+    if device.type == "cuda":
+        figures["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
+    return figures, model, tokenizer
+
+
+def measure_decoding(model: Transformer, tokenizer: Tokenizer, config_path: str, sets: list[str], corpus: Path,
+                     device: torch.device, n_sentences: int) -> list[dict]:
+    config = load_config(config_path, sets)
+    with open(corpus / f"train.{config.data.src_lang}", encoding="utf-8") as f:
+        sentences = [next(f).strip() for _ in range(n_sentences)]
+    translator = Translator(model, tokenizer, config, device=device)
+    rows = []
+    for beam_size in (1, 4):
+        for batch_size in (64, 256):
+            _sync(device)
+            start = time.perf_counter()
+            translator.translate(sentences, beam_size=beam_size, batch_size=batch_size)
+            _sync(device)
+            seconds = time.perf_counter() - start
+            tokens = translator.stats.n_output_tokens + len(sentences)  # eos included
+            rows.append({"search": "greedy" if beam_size == 1 else f"beam {beam_size}", "batch_size": batch_size,
+                         "tgt_tokens_per_s": round(tokens / seconds),
+                         "sentences_per_s": round(len(sentences) / seconds), "s": round(seconds, 2)})
+    return rows
+
+
+def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.device) -> dict:
+    run_dir = work / "torchrun"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    for model in (work / "prepared").glob("spm*"):
+        shutil.copy(model, run_dir / model.name)
+    steps = 5
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+               "-m", "transformer", "train", "--config", config_path, "--run-dir", str(run_dir),
+               *[f"--set={s}" for s in sets], f"--set=training.device={device.type}",
+               f"--set=training.max_steps={steps}", "--set=training.log_every_steps=1",
+               f"--set=training.eval_every_steps={steps}", "--set=data.valid_max_sentences=20"]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if result.returncode != 0:
+        raise RuntimeError(f"torchrun: {result.stderr.strip().splitlines()[-3:]}")
+    done = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["type"] == "train"]
+    if not done or done[-1] != steps:
+        raise RuntimeError(f"torchrun: trained steps {done}, expected up to {steps}")
+    return {"backend": "nccl" if torch.cuda.is_available() else "gloo",  # init_distributed's rule
+            "steps": done[-1], "s": round(time.perf_counter() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and corpus: the stages in seconds")
+    parser.add_argument("--shared", default=str(ROOT.parent / "shared"),
+                        help="folder with scale/make_corpus.py and data/multi30k (default ../shared)")
+    parser.add_argument("--work", default="/tmp/gpu_check", help="scratch folder (emptied first)")
+    parser.add_argument("--pairs", type=int, help="synthetic training pairs (default 300000; --quick 3000)")
+    parser.add_argument("--steps", type=int, help="timed updates per model and precision (default 40; --quick 3)")
+    parser.add_argument("--warmup", type=int, help="untimed updates first (default 10; --quick 1)")
+    parser.add_argument("--sentences", type=int, help="sentences decoded per setting (default 2000; --quick 20)")
+    parser.add_argument("--no-big", action="store_true", help="train only the base model")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.pairs = args.pairs or (3000 if quick else 300_000)
+    args.steps = args.steps or (3 if quick else 40)
+    args.warmup = args.warmup if args.warmup is not None else (1 if quick else 10)
+    args.sentences = args.sentences or (20 if quick else 2000)
+    args.config = "configs/wmt14_en_de_base.yaml"
+    begin = time.perf_counter()
+    device = torch.device(args.device)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    figures: dict = {}
+    errors: dict[str, str] = {}
+
+    def stage(name: str, run):
+        try:
+            return run()
+        except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
+            errors[name] = f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+            return None
+
+    if device.type == "cuda" and not torch.cuda.is_available():
+        errors["environment"] = "no CUDA device visible to torch"
+        print(json.dumps({"device": "cuda", "torch": torch.__version__, "errors": errors}))
+        return 1
+    env = stage("environment", lambda: environment(device, quick)) or {}
+    figures.update(env)
+    if device.type == "cuda":
+        figures["tests"] = stage("tests", functools.partial(cuda_tests, Path(args.shared)))
+    sets = data_settings(work / "corpus", work, quick)
+    figures.update(stage("data", lambda: make_data(args, work, sets)) or {})
+    peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32") or float("nan")
+    precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
+    models = [("base", "configs/wmt14_en_de_base.yaml")]
+    if not args.no_big and not quick:
+        models.append(("big", "configs/wmt14_en_de_big.yaml"))
+    figures["train"], trained = {}, None
+    for name, config_path in models:
+        figures["train"][name] = {}
+        for precision in precisions:
+            out = stage(f"train {name} {precision}", functools.partial(
+                measure_training, config_path, sets, precision, work, device, args, peak))
+            if out is not None:
+                figures["train"][name][precision] = out[0]
+                if name == "base":
+                    trained = out[1:]
+            del out
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if trained is not None:
+        figures["decode"] = stage("decode", functools.partial(measure_decoding, *trained, args.config, sets,
+                                                              work / "corpus", device, args.sentences))
+    else:
+        errors["decode"] = "no trained base model"
+    figures["torchrun"] = stage("torchrun", lambda: torchrun_check(args.config, sets, work, device))
+    figures["total_s"] = round(time.perf_counter() - begin, 1)
+    figures["errors"] = errors
+    print(json.dumps(figures))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""`scripts/gpu_check.py --device cpu --quick` runs every stage but the CUDA tests, so that the GPU check cannot rot
+between GPU runs: data, training in two precisions, decoding, torchrun (gloo)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MULTI30K
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    shared = MULTI30K.parents[1]
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+                             "--shared", str(shared), "--work", str(tmp_path / "work")],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["errors"] == {}
+    assert figures["pairs"] == 3000 and figures["cache_startup_s"] < figures["prepare_s"]
+    assert figures["matmul_tflops_fp32"] > 0
+    for precision in ("fp32", "bf16"):
+        run = figures["train"]["base"][precision]
+        assert run["tgt_tokens_per_s"] > 0 and 0 < run["mfu"] < 1 and run["last_nll_per_token"] > 0
+    searches = {(row["search"], row["batch_size"]) for row in figures["decode"]}
+    assert searches == {("greedy", 64), ("greedy", 256), ("beam 4", 64), ("beam 4", 256)}
+    assert all(row["tgt_tokens_per_s"] > 0 for row in figures["decode"])
+    assert figures["torchrun"] == {**figures["torchrun"], "backend": "gloo", "steps": 5}
