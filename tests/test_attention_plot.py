@@ -44,6 +44,10 @@ def test_bad_requests_are_clear_errors(ckpt, tmp_path, monkeypatch):
         run(ckpt, "Hallo", str(tmp_path / "x.png"), head=7)
     with pytest.raises(AttentionPlotError, match="suffix must be .png, .svg or .pdf"):
         run(ckpt, "Hallo", str(tmp_path / "x.bmp"))
+    for empty in ("", "  "):  # nothing to show (translate gives an empty line; attention has no rows or columns)
+        with pytest.raises(AttentionPlotError, match="the sentence is empty"):
+            run(ckpt, empty, str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):

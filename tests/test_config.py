@@ -73,6 +73,15 @@ def test_full_sharing_needs_joint_vocabulary(tmp_path):
     assert load_config(_write(tmp_path, raw)).model.tie_embeddings
 
 
+def test_data_max_len_above_the_position_encodings_is_refused_naming_both_keys(tmp_path):
+    path = _write(tmp_path, BASE)
+    max_positions = load_config(path).model.max_positions
+    assert load_config(path, [f"data.max_len={max_positions}"]).data.max_len == max_positions
+    with pytest.raises(ConfigError, match=f"data.max_len: {max_positions + 1} tokens is more than "
+                                          f"model.max_positions={max_positions}"):
+        load_config(path, [f"data.max_len={max_positions + 1}", f"data.max_tokens_per_batch={max_positions + 1}"])
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")

@@ -46,6 +46,16 @@ def test_translate_gives_what_the_python_api_gives_in_input_order(client, transl
     assert one["beam_size"] == 1
 
 
+def test_an_empty_sentence_in_a_list_gets_an_empty_translation(client, translator):
+    """One rule for the CLI, the Python API and the server: line in, line out; only nothing at all is refused."""
+    text = [SENTENCES[0], "", "   ", SENTENCES[1]]
+    body = client.post("/translate", json={"text": text}).json()
+    assert body["translations"] == translator.translate(text)
+    assert body["translations"][1:3] == ["", ""] and body["translations"][0] and body["translations"][3]
+    refused = client.post("/attention", json={"text": "  "})
+    assert refused.status_code == 422 and refused.json()["field"] == "text"
+
+
 def test_n_best_lists_come_with_scores_best_first(client, translator):
     body = client.post("/translate", json={"text": SENTENCES[:2], "beam_size": 4, "n_best": 3}).json()
     expected = translator.translate_n_best(SENTENCES[:2], n_best=3, beam_size=4)
@@ -97,8 +107,8 @@ def test_the_page_and_its_files_are_served_from_memory(client):
 LIMITS = ServeLimits()
 BAD_REQUESTS = [
     ("empty list", {"text": []}, 422, "text"),
-    ("empty sentence", {"text": [""]}, 422, "text[0]"),
-    ("blank sentence", {"text": ["Ein Hund.", "   "]}, 422, "text[1]"),
+    ("empty sentence", {"text": [""]}, 422, "text"),
+    ("only blank sentences", {"text": ["   ", ""]}, 422, "text"),
     ("10,000 sentences", {"text": ["Ein Hund."] * 10_000}, 422, "text"),
     ("100,000 characters", {"text": "Hund " * 20_000}, 422, "text[0]"),
     ("text not a string", {"text": 5}, 422, "text"),
@@ -139,6 +149,34 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
     not_text = client.post("/translate", json={"text": 5}).json()
     assert not_text["field"] == "text" and "a sentence (a string) or a list of sentences" in not_text["error"]
     assert client.post("/translate", json={"text": SENTENCES}).status_code == 200
+
+
+RAW_BODIES = [  # valid JSON that is not text, and bodies the framework cannot parse
+    ("lone surrogate", "/translate", b'{"text": ["Ein Hund l\\u00e4uft.", "Ein Hund \\ud83d l\\u00e4uft."]}', 422,
+     "text[1]", "U+D83D at character 9"),
+    ("lone surrogate, attention", "/attention", b'{"text": "\\udfff Ein Hund"}', 422, "text", "U+DFFF at character 0"),
+    ("lone surrogate in a prefix", "/translate", b'{"text": ["Ein Hund."], "prefix": ["A \\ud83d"]}', 422,
+     "prefix[0]", "U+D83D"),
+    ("Latin-1 body", "/translate", '{"text": ["Ein Hund läuft."]}'.encode("latin-1"), 400, "body", "UTF-8"),
+    ("nested 300,000 deep", "/translate", b"[" * 300_000 + b"]" * 300_000, 400, "body", "cannot be parsed"),
+]
+
+
+@pytest.mark.parametrize("path,content,status,field,words", [b[1:] for b in RAW_BODIES], ids=[b[0] for b in RAW_BODIES])
+def test_bodies_that_are_not_text_get_a_json_4xx_naming_the_field(client, path, content, status, field, words):
+    response = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    assert response.json()["field"] == field and words in response.json()["error"]
+    assert client.post("/translate", json={"text": SENTENCES[:1]}).status_code == 200
+
+
+def test_unknown_paths_and_methods_and_server_faults_answer_json(translator, checkpoint, monkeypatch):
+    with TestClient(create_app(translator, checkpoint=str(checkpoint)), raise_server_exceptions=False) as c:
+        assert c.get("/nowhere").json()["field"] == "path"
+        assert c.get("/translate").status_code == 405 and c.get("/translate").json()["field"] == "method"
+        monkeypatch.setattr(translator, "translate_n_best", lambda *a, **k: 1 / 0)
+        fault = c.post("/translate", json={"text": ["Ein Hund."], "prefix": ["A"]})
+        assert fault.status_code == 500 and "ZeroDivisionError" in fault.json()["error"]
 
 
 def test_a_compiled_translator_warmed_up_serves_the_eager_outputs_without_compiling_again(translator, checkpoint):

@@ -136,9 +136,11 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     """The `transformer attention` command: write a PNG/SVG/PDF (by suffix) or, with fmt="json", JSON.
 
     Raises:
-        AttentionPlotError: bad kind/layer/head, an unknown image suffix, or matplotlib missing.
+        AttentionPlotError: an empty sentence, bad kind/layer/head, an unknown image suffix, or matplotlib missing.
         CheckpointError: unreadable checkpoint.
     """
+    if not sentence.strip():
+        raise AttentionPlotError("the sentence is empty: there is no attention to show")
     translator = Translator.from_checkpoint(checkpoint, device=device)
     n_heads = translator.model.config.n_heads
     if head is not None and not 0 <= head < n_heads:

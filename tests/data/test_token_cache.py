@@ -1,6 +1,7 @@
 """The token cache: equals in-memory encoding, is found again, is rebuilt when its inputs change, never half-built."""
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -95,6 +96,61 @@ def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenize
     with pytest.raises(TokenCacheError, match="built from other data or another tokenizer: tokenizer_sha256=") as err:
         tc.open_token_cache(old_folder, new_spec)
     assert tc.tokenizer_digest(tokenizer) in str(err.value) and tc.tokenizer_digest(other) in str(err.value)
+
+
+def test_data_changed_behind_the_same_size_and_time_gets_a_new_cache(corpus, tmp_path, tokenizer, monkeypatch):
+    """What an editor, `rsync -a`, `cp -p` or tar can do: new bytes, same size, modification time set back."""
+    data = _config(corpus, tmp_path)
+    get_token_cache(data, "train", tokenizer)
+    path = corpus / "train.de"
+    before = path.stat()
+    path.write_text(path.read_text(encoding="utf-8").replace("Ein Hund läuft.", "Ein Hund rannte."), encoding="utf-8")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    changed = get_token_cache(data, "train", tokenizer)
+    assert tokenizer.encode_src(["Ein Hund rannte."])[0] == changed.src(0).tolist()
+    assert len(list((tmp_path / "cache").glob("train.de-en.*"))) == 2
+    # A touched file with the same bytes is the same corpus: found again, and hashed again only after the touch.
+    os.utime(path)
+    hashed, real_digest = [], hashlib.file_digest
+
+    def counting_digest(f, name):
+        hashed.append(f.name)
+        return real_digest(f, name)
+
+    monkeypatch.setattr(tc, "build_token_cache", lambda *a, **k: pytest.fail("rebuilt for the same bytes"))
+    monkeypatch.setattr(hashlib, "file_digest", counting_digest)
+    assert len(get_token_cache(data, "train", tokenizer)) == len(changed)
+    assert hashed == [str(path)]  # train.en's digest was remembered: not read again
+    hashed.clear()
+    get_token_cache(data, "train", tokenizer)
+    assert hashed == []
+
+
+def _refuse_lock_files(monkeypatch):
+    """What a folder this process may not write does to the lock file (also when tests run as root)."""
+    def open_unless_lock(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+    monkeypatch.setattr(tc, "open", open_unless_lock, raising=False)
+
+
+def test_an_unwritable_cache_folder_is_one_line_naming_it_and_a_complete_one_is_used(corpus, tmp_path, tokenizer,
+                                                                                     monkeypatch):
+    shared = _config(corpus, tmp_path, cache_dir=str(tmp_path / "shared"))
+    built = get_token_cache(shared, "train", tokenizer)
+    with monkeypatch.context() as patch:
+        _refuse_lock_files(patch)
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        with pytest.raises(TokenCacheError, match=f"cannot write the token cache folder {locked} \\(Permission "
+                                                  "denied\\): make it writable or set data.cache_dir"):
+            get_token_cache(_config(corpus, tmp_path, cache_dir=str(locked)), "train", tokenizer)
+        real_access = os.access
+        patch.setattr(tc.os, "access", lambda p, mode: False if str(p) == str(tmp_path / "shared")
+                      else real_access(p, mode))
+        assert np.array_equal(get_token_cache(shared, "train", tokenizer).src_ids, built.src_ids)
 
 
 def test_a_full_disk_leaves_nothing_a_later_run_would_trust(corpus, tmp_path, tokenizer, monkeypatch):

@@ -361,6 +361,11 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
+    def __post_init__(self) -> None:
+        _require(self.data.max_len <= self.model.max_positions, "data.max_len",
+                 f"{self.data.max_len} tokens is more than model.max_positions={self.model.max_positions} (the "
+                 "longest sequence the position encodings cover): lower data.max_len or raise model.max_positions")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (only str/int/float/bool/list/dict/None) for YAML and checkpoints."""
         out = dataclasses.asdict(self)

@@ -11,11 +11,14 @@ mapping {lang: text} or one column per language.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -69,8 +72,13 @@ class SplitSource:
         """Number of pairs."""
         raise NotImplementedError
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies the content, for cache keys (see `token_cache.py`)."""
+    def fingerprint(self, hash_memo: Optional[Path] = None) -> dict[str, Any]:
+        """What identifies the content, for cache keys (see `token_cache.py`).
+
+        Args:
+            hash_memo: a JSON file that remembers local files' SHA-256 by their (path, size, mtime, ctime, inode),
+                so that an unchanged file is hashed once; None: hash every time.
+        """
         raise NotImplementedError
 
     def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -147,10 +155,11 @@ class LocalSplit(SplitSource):
             raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: "
                             "parallel files must have one sentence per line on both sides")
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, hash_memo: Optional[Path] = None) -> dict[str, Any]:
+        """The files' resolved paths, sizes and SHA-256 of their bytes: the content itself, since editors,
+        `rsync -a`, `cp -p` and tar can give changed data the same size and modification time."""
         def describe(path: Path) -> dict[str, Any]:
-            stat = path.stat()
-            return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+            return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": file_sha256(path, hash_memo)}
         return {"files": [describe(self.src_path), describe(self.tgt_path)]}
 
     def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -230,7 +239,7 @@ class HuggingFaceSplit(SplitSource):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, hash_memo: Optional[Path] = None) -> dict[str, Any]:
         return {**self._spec, "fingerprint": self.dataset._fingerprint}
 
     def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -279,3 +288,32 @@ def load_split(data: DataConfig, split: str) -> ParallelCorpus:
     if len(corpus) == 0:
         raise DataError(f"{corpus.origin}: split {split!r} is empty")
     return corpus
+
+
+def file_sha256(path: Path, memo: Optional[Path] = None) -> str:
+    """SHA-256 of a file's bytes, remembered in `memo` (a JSON file) under the file's resolved path, size,
+    modification time, status-change time and inode. Any write to the file changes its status-change time (which
+    no copying tool can set back), so a remembered digest is only reused for a file nobody has written since; the
+    memo is best effort (a folder that cannot be written just means hashing again)."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{stat.st_ino}"
+    known: dict[str, str] = {}
+    if memo is not None and memo.is_file():
+        try:
+            known = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if key in known:
+            return known[key]
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if memo is not None:
+        known = {k: v for k, v in known.items() if not k.startswith(f"{path.resolve()}|")}
+        known[key] = digest
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(known, indent=0))
+            os.replace(tmp, memo)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return digest

@@ -15,7 +15,9 @@ One cache is a folder `<cache dir>/<split>.<src>-<tgt>.<key>/`:
     tgt_offsets.npy    the same for the target
 
 The key is the SHA-256 of the spec: the format version, the corpus fingerprint (local files: resolved path, size
-and modification time of both files; `datasets`: id, config, split and the table's fingerprint), the SHA-256 of
+and SHA-256 of both files' bytes, so that changed data is never fed from an old cache even when a copy kept its
+size and modification time; the digest is remembered in `<cache dir>/file_sha256.json` until the file is written
+again; `datasets`: id, config, split and the table's fingerprint), the SHA-256 of
 the sentencepiece model(s), `data.max_len` and the two languages. Changing any of them changes the key, so a stale
 cache is never found; the log says which of them differ from the caches already there. A cache is written into a
 temporary folder and renamed into place only when complete (meta.json written last), under a file lock, so
@@ -126,7 +128,9 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
 
 def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
     """Everything a cache's content depends on (its key is the hash of this)."""
-    return {"format": CACHE_FORMAT, "corpus": source.fingerprint(), "tokenizer_sha256": tokenizer_digest(tokenizer),
+    memo = cache_root(data) / "file_sha256.json"
+    return {"format": CACHE_FORMAT, "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
+            "tokenizer_sha256": tokenizer_digest(tokenizer),
             "max_len": data.max_len, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
 
 
@@ -171,22 +175,37 @@ def get_token_cache(data: DataConfig, split: str, tokenizer: Tokenizer, build: b
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise TokenCacheError(f"cannot create the token cache folder {root} ({err}); set data.cache_dir") from None
+    if (folder / "meta.json").exists() and not os.access(root, os.W_OK):
+        return _open_existing(folder, spec)  # a complete cache in a read-only (shared) folder: nothing to lock
     with _file_lock(root / f".{folder.name}.lock"):
         if (folder / "meta.json").exists():
-            pairs = open_token_cache(folder, spec)
-            meta = json.loads((folder / "meta.json").read_text())
-            logger.info("token cache: %s (%d pairs, %.1f MB, built %s)", folder, meta["n_pairs"],
-                        meta["bytes"] / 1e6, meta["created"])
-            return pairs
+            return _open_existing(folder, spec)
         _explain_rebuild(root, split, data, spec, folder)
         build_token_cache(source, tokenizer, data.max_len, folder, spec, threads)
     return open_token_cache(folder, spec)
 
 
+def _open_existing(folder: Path, spec: dict[str, Any]) -> EncodedPairs:
+    pairs = open_token_cache(folder, spec)
+    meta = json.loads((folder / "meta.json").read_text())
+    logger.info("token cache: %s (%d pairs, %.1f MB, built %s)", folder, meta["n_pairs"], meta["bytes"] / 1e6,
+                meta["created"])
+    return pairs
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock (flock) on `path`: one builder per cache, the others wait."""
-    with open(path, "a") as handle:
+    """An exclusive lock (flock) on `path`: one builder per cache, the others wait.
+
+    Raises:
+        TokenCacheError: the lock file cannot be created (a folder this process cannot write).
+    """
+    try:
+        handle = open(path, "a")
+    except OSError as err:
+        raise TokenCacheError(f"cannot write the token cache folder {path.parent} ({err.strerror}): make it "
+                              "writable or set data.cache_dir to another folder") from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

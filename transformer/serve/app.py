@@ -15,6 +15,7 @@ and served from memory.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,11 +25,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..attention_plot import AttentionPlotError, attention_for
 from ..config import ConfigError, DecodingConfig
 from .batching import RequestBatcher
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/static/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
@@ -168,13 +171,15 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         if len(sentences) > limits.max_sentences:
             raise RequestError(422, "text", f"at most {limits.max_sentences} sentences per request "
                                f"(serve --max-sentences), got {len(sentences)}")
+        if not any(sentence.strip() for sentence in sentences):  # in a list, an empty one gets an empty translation
+            raise RequestError(422, "text", "empty sentence" if one or len(sentences) == 1 else
+                               "nothing to translate: every sentence is empty")
         for i, sentence in enumerate(sentences):
             where = "text" if one else f"text[{i}]"
-            if not sentence.strip():
-                raise RequestError(422, where, "empty sentence")
             if len(sentence) > limits.max_chars:
                 raise RequestError(422, where, f"{len(sentence)} characters; at most {limits.max_chars} "
                                    "(serve --max-chars)")
+            _check_encodable(sentence, where)
         return sentences
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
@@ -188,6 +193,8 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         elif len(body.prefix) != len(sentences):
             raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(body.prefix)}")
         else:  # prefixes are per sentence: this request is decoded on its own
+            for i, prefix in enumerate(body.prefix):
+                _check_encodable(prefix, f"prefix[{i}]")
             search = {key: getattr(options, key) for key in SEARCH_OPTIONS}
             results = await batcher.run_on_worker(lambda: translator.translate_n_best(
                 sentences, prefixes=body.prefix, **search))
@@ -260,6 +267,15 @@ def _describe(translator: Any, checkpoint: str) -> dict:
     }
 
 
+def _check_encodable(text: str, where: str) -> None:
+    """Refuse text that is not Unicode text (a lone surrogate such as "\\ud83d", which JSON can carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(422, where, f"not valid text: a lone surrogate U+{ord(text[err.start]):04X} at character "
+                           f"{err.start} (send whole characters: a surrogate pair or the character itself)") from None
+
+
 def _field(location: tuple) -> Optional[str]:
     """("body", "text", 3) -> "text[3]"; the body itself -> "body"."""
     parts = [p for p in location if p != "body"]
@@ -276,6 +292,20 @@ def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
     @app.exception_handler(RequestError)
     async def refused(_: Request, err: RequestError) -> JSONResponse:
         return error(err.status, [(err.field, err.message)])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        """The framework's own refusals, in the same form: a body it cannot parse, an unknown path or method."""
+        if err.status_code == 400:  # the body is not UTF-8, or nested too deep to parse
+            return error(400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")])
+        field = {404: "path", 405: "method"}.get(err.status_code, "body")
+        return error(err.status_code, [(field, str(err.detail))])
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception) -> JSONResponse:
+        """A fault of the server, never of the request: logged with its traceback, answered as JSON."""
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error(500, [(None, f"internal error ({type(err).__name__}); the server log has the details")])
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
