@@ -195,8 +195,10 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
     assert result.returncode == 2
     assert "training.warmup_step: unknown key; did you mean training.warmup_steps?" in result.stderr
     assert "Traceback" not in result.stderr
-    result = run_cli("train", "--config", str(write_small_config(tmp_path, tmp_path / "nowhere")))
+    result = run_cli("train", "--config", str(write_small_config(tmp_path, tmp_path / "nowhere")),
+                     "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # a run that could not start leaves no empty folder
     result = run_cli("translate", "--checkpoint", str(tmp_path / "missing.pt"), "Hallo")
     assert result.returncode == 2 and "missing.pt: checkpoint not found" in result.stderr
 

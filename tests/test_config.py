@@ -123,3 +123,27 @@ def test_option_error_spells_its_parameters_and_keeps_other_text():
     assert str(err) == "compile=True works on float32 models, not with quantization='int8'; see runs/{a}/x.pt"
     assert err.as_flags() == "--compile works on float32 models, not with --quantization int8; see runs/{a}/x.pt"
     assert OptionError("{max_len_a}: must be >= 0", max_len_a=-1.0).as_flags() == "--max-len-a -1.0: must be >= 0"
+
+
+def test_a_relative_data_path_is_recorded_absolute_and_an_old_relative_one_resumes(tmp_path, monkeypatch,
+                                                                                     multi30k_subset):
+    """`evaluate --split` of a checkpoint reads the training folder's data from wherever it runs."""
+    from tests.conftest import write_small_config
+    from transformer.training.checkpoint import check_resume_config
+    from transformer.training.init_from import run_config
+
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    path = write_small_config(tmp_path, Path("../..") / multi30k_subset.relative_to(tmp_path.parent))
+    recorded, _ = run_config(path, [], tmp_path / "run", None, False)
+    assert recorded.data.path == str(multi30k_subset.resolve())
+    monkeypatch.chdir(tmp_path)
+    assert load_config(path).data.path != recorded.data.path  # read elsewhere, the relative path means another folder
+    monkeypatch.chdir(tmp_path / "work")
+    old_run = load_config(path)  # what a run recorded before paths were made absolute
+    check_resume_config({"config": old_run.to_dict(), "vocab_sizes": [old_run.model.src_vocab_size,
+                                                                       old_run.model.tgt_vocab_size]},
+                        recorded, tmp_path / "last.pt")
+    elsewhere = load_config(path, ["data.path=/nowhere"])
+    with pytest.raises(ConfigError, match="data.path"):
+        check_resume_config({"config": elsewhere.to_dict(), "vocab_sizes": [8000, 8000]}, recorded, tmp_path / "l")

@@ -228,9 +228,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .training.data import prepare_data
+    from .training.init_from import with_absolute_data_path
 
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
-    _, train, valid = prepare_data(load_config(args.config, args.set), run_dir)
+    _, train, valid = prepare_data(with_absolute_data_path(load_config(args.config, args.set)), run_dir)
     models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
     print(f"prepared {run_dir}: tokenizer {models}, {len(train)} training pairs in the token cache, "
           f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "

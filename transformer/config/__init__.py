@@ -14,8 +14,9 @@ from .sections import (
                        OptionError,
                        TrainingConfig,
                        TransformerConfig,
+                       check_trainable,
 )
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Config", "ConfigError", "DataConfig", "DecodingConfig",
-           "OptionError", "TrainingConfig", "TransformerConfig", "config_from_dict", "load_config", "override_config",
-           "read_raw_config", "save_config"]
+           "OptionError", "TrainingConfig", "TransformerConfig", "check_trainable", "config_from_dict", "load_config",
+           "override_config", "read_raw_config", "save_config"]

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from .sections import (
     TrainingConfig,
     TransformerConfig,
     _require,
+    check_trainable,
 )
 
 _SECTIONS = {"model": TransformerConfig, "data": DataConfig, "training": TrainingConfig, "decoding": DecodingConfig}
@@ -136,13 +138,14 @@ def config_from_dict(raw: dict[str, Any], vocab_sizes: Optional[tuple[int, int]]
 
 
 def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Config:
-    """Read a YAML recipe, apply `section.key=value` overrides and validate the result.
+    """Read a YAML recipe, apply `section.key=value` overrides and validate the result as a training recipe
+    (`check_trainable`).
 
     Raises:
         ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
             the message starts with the file name (and the overrides, if any) and names the key path.
     """
-    return _with_overrides(read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None)
+    return _with_overrides(read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None, check_trainable)
 
 
 def read_raw_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
@@ -184,11 +187,14 @@ def override_config(config: Config, overrides: tuple[str, ...] | list[str],
 
 
 def _with_overrides(raw: dict[str, Any], overrides: tuple[str, ...] | list[str], sections: tuple[str, ...],
-                    source: str, vocab_sizes: Optional[tuple[int, int]]) -> Config:
+                    source: str, vocab_sizes: Optional[tuple[int, int]],
+                    check: Callable[[Config], None] = lambda config: None) -> Config:
     try:
         for override in overrides:
             _apply_override(raw, override, sections)
-        return config_from_dict(raw, vocab_sizes)
+        config = config_from_dict(raw, vocab_sizes)
+        check(config)
+        return config
     except ConfigError as err:
         where = f"{source} with --set {' '.join(overrides)}" if overrides else source
         raise ConfigError(f"{where}: {err}") from None

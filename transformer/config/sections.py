@@ -361,11 +361,6 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
-    def __post_init__(self) -> None:
-        _require(self.data.max_len <= self.model.max_positions, "data.max_len",
-                 f"{self.data.max_len} tokens is more than model.max_positions={self.model.max_positions} (the "
-                 "longest sequence the position encodings cover): lower data.max_len or raise model.max_positions")
-
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (only str/int/float/bool/list/dict/None) for YAML and checkpoints."""
         out = dataclasses.asdict(self)
@@ -373,6 +368,20 @@ class Config:
             out["model"].pop(key)
         out["training"]["adam_betas"] = list(self.training.adam_betas)
         return out
+
+
+def check_trainable(config: Config) -> None:
+    """Refuse a training run whose kept pairs could not be encoded: `data.max_len` (the longest pair kept, in tokens)
+    above `model.max_positions` (the longest sequence the position encodings cover).
+
+    Only training reads `data.max_len`, so loading a model to translate does not call this.
+
+    Raises:
+        ConfigError: naming both keys.
+    """
+    _require(config.data.max_len <= config.model.max_positions, "data.max_len",
+             f"{config.data.max_len} tokens is more than model.max_positions={config.model.max_positions} (the "
+             "longest sequence the position encodings cover): lower data.max_len or raise model.max_positions")
 
 
 # Model fields that the tokenizer decides, not the YAML file.

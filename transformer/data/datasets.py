@@ -131,9 +131,9 @@ class SplitSource:
 class LocalSplit(SplitSource):
     """`{split}.{lang}[.gz]` files in a folder.
 
-    The fingerprint is each file's resolved path, size and modification time (nanoseconds): editing or replacing
-    a file changes it; copying the folder elsewhere makes a new one. It is not a content hash (a hash of 1.2 GB
-    would cost seconds on every start).
+    The fingerprint is each file's resolved path, size and the SHA-256 of its bytes (`file_sha256`, remembered
+    between starts while the file's status is unchanged): any edit changes it, even one that keeps the size and
+    modification time; copying the folder elsewhere makes a new one.
     """
 
     def __init__(self, folder: Path, split: str, data: DataConfig) -> None:

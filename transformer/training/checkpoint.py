@@ -148,6 +148,8 @@ def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> No
         old, new = before.get(key), after[key]
         if old == new or (key == "training.precision" and new == "auto"):
             continue
+        if key == "data.path" and old and new and Path(old).resolve() == Path(new).resolve():
+            continue  # the same folder, recorded relative by an older run
         rule = RESUME_MAY_CHANGE.get(key) or RESUME_MAY_CHANGE.get(key.split(".")[0] + ".*")
         if rule is None:
             refused.append(f"{key} (checkpoint: {old!r}, now: {new!r})")

@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, check_trainable
 from ..data import EncodedPairs, get_token_cache, load_split, open_split, token_batches
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distributed import Distributed
@@ -98,12 +98,19 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
     Raises:
         ConfigError, DataError, TokenizerError, TokenCacheError: before any long work where possible.
     """
+    check_trainable(config)
     dist = dist or Distributed()
     given, valid = tokenizer, None
     if dist.is_main:
+        created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer = prepare_tokenizer(config, run_dir, given)
-        valid = load_validation(config, tokenizer)
+        try:
+            tokenizer = prepare_tokenizer(config, run_dir, given)
+            valid = load_validation(config, tokenizer)
+        except BaseException:  # bad data or config: leave no empty run folder behind
+            if created and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            raise
     dist.broadcast(None)  # the others wait for the tokenizer
     if not dist.is_main:
         tokenizer = prepare_tokenizer(config, run_dir, given)

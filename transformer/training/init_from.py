@@ -150,15 +150,28 @@ def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, ini
 
     where = f"{config_path} with --set {' '.join(overrides)}" if overrides else str(config_path)
     last = checkpoint_path(run_dir)
+    source = None
     if resume and last.exists():
         recorded = source_of_run(last)
         if recorded is None:
             if init_from:
                 raise ConfigError(f"--init-from {init_from} with --resume: the run in {run_dir} was trained from "
                                   "scratch; resume it without --init-from, or fine-tune into a new --run-dir")
-            return load_config(config_path, overrides), None
-        return fine_tuning_config(read_raw_config(config_path, overrides), recorded, where), None
-    if not init_from:
-        return load_config(config_path, overrides), None
-    source = load_source(init_from)
-    return fine_tuning_config(read_raw_config(config_path, overrides), source, where), source
+            config = load_config(config_path, overrides)
+        else:
+            config = fine_tuning_config(read_raw_config(config_path, overrides), recorded, where)
+    elif not init_from:
+        config = load_config(config_path, overrides)
+    else:
+        source = load_source(init_from)
+        config = fine_tuning_config(read_raw_config(config_path, overrides), source, where)
+    return with_absolute_data_path(config), source
+
+
+def with_absolute_data_path(config: Config) -> Config:
+    """`config` with a relative `data.path` made absolute against the current folder, as the run records it: a
+    checkpoint's `evaluate --split` then reads the same folder from wherever it runs."""
+    path = config.data.path
+    if path is None or Path(path).is_absolute():
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, path=str(Path(path).resolve())))
