@@ -2,8 +2,10 @@
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -448,3 +450,41 @@ def test_a_full_output_is_one_line_and_a_closed_pipe_stops_quietly(trained_run):
     process.stdin.close()
     assert process.wait(timeout=60) == 141
     assert process.stderr.read() == b""  # no traceback, no message
+
+
+def test_a_pipe_reader_gets_the_first_lines_after_a_short_chunk(trained_run, multi30k_subset, tmp_path, monkeypatch):
+    """`translate --input F | head -n 1` must not decode a whole --buffer-size chunk before the first line can be
+    written: to a pipe the chunks start at FIRST_CHUNK lines and double; to a file they are --buffer-size lines."""
+    from transformer.data.text import FIRST_CHUNK
+    from transformer.translate import Translator
+
+    lines = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")[:100]
+    source = tmp_path / "in.de"
+    source.write_text("\n".join(lines * 10) + "\n")
+    decoded: list[int] = []
+    real = Translator.translate_n_best
+
+    def counted(self, sentences, **options):
+        decoded.append(len(sentences))
+        return real(self, sentences, **options)
+
+    monkeypatch.setattr(Translator, "translate_n_best", counted)
+    ckpt = str(trained_run / "checkpoints" / "best.pt")
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(source), "--output", str(tmp_path / "o")]) == 0
+    assert decoded == [1000]
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w", encoding="utf-8"))
+    first: list[bytes] = []
+
+    def head_n_1() -> None:
+        with os.fdopen(read_end, "rb") as reader:
+            first.append(reader.readline())
+
+    reader = threading.Thread(target=head_n_1)
+    reader.start()
+    decoded.clear()
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(source)]) == 141
+    reader.join()
+    # the first chunk reaches the reader; translate stops at the first write after it left (16 + 32 lines, or one
+    # chunk more if that write came before the reader closed the pipe), far from the 1000 lines of one chunk
+    assert first[0].strip() and decoded[0] == FIRST_CHUNK and sum(decoded) <= 7 * FIRST_CHUNK, decoded

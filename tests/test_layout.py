@@ -18,7 +18,7 @@ ORDER = [
     "checkpoint",
     "decoding.interface", "decoding.ngram", "decoding.greedy", "decoding.beam", "decoding.sampling",
     "decoding.ensemble", "decoding.alignment",
-    "decoding", "translate", "evaluate", "ct2",
+    "decoding", "passthrough", "translate", "evaluate", "ct2",
     "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
     "training.checkpoint", "training.init_from", "training.validate", "training.tensorboard", "training.trainer",

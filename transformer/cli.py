@@ -23,7 +23,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError, OptionError, load_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, count_lines
-from .data.text import input_chunks, silence_stdout, utf8_stdout, write_and_flush
+from .data.text import input_chunks, is_streaming, silence_stdout, utf8_stdout, write_and_flush
 from .decoding.alignment import pharaoh
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
@@ -51,6 +51,8 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
     group.add_argument("--top-p", type=float, help="with --sampling: draw from the nucleus of probability P")
     group.add_argument("--temperature", type=float, help="with --sampling: divide the logits by T (default 1)")
     group.add_argument("--seed", type=int, help="with --sampling: the random seed (same seed and line, same samples)")
+    group.add_argument("--no-copy-unknown", dest="copy_unknown", action="store_const", const=False, help="feed text "
+                       "the vocabulary lacks (emoji, other scripts) to the model as unk instead of copying it through")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     group.add_argument("--quantization", choices=["int8"],
                        help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)")
@@ -181,7 +183,7 @@ def _version() -> str:
 
 
 DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len",
-                  "no_repeat_ngram_size", "sampling", "top_k", "top_p", "temperature", "seed")
+                  "no_repeat_ngram_size", "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
 """The `decoding` keys that translate and evaluate take as flags (--beam-size, ...); translate also --n-best."""
 
 
@@ -285,7 +287,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     index = 0
     try:
         show = bool(args.output) or not sys.stdout.isatty()
-        for lines in input_chunks(args.sentences, args.input, args.buffer_size, show):
+        growing = not args.output and is_streaming(sys.stdout)
+        for lines in input_chunks(args.sentences, args.input, args.buffer_size, show, growing=growing):
             prefixes = prefix_reader.read(len(lines)) if prefix_reader else None
             if prefixes is not None and len(prefixes) < len(lines):
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, fewer than the "

@@ -37,6 +37,7 @@ from .config import Config, DecodingConfig, OptionError, config_from_dict
 from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
 from .files import ExportError, check_replaceable, write_folder
+from .passthrough import PassThrough, with_passthrough
 from .tokenizer import Tokenizer
 from .translate import check_workers, decoding_options
 
@@ -203,6 +204,7 @@ class CTranslate2Translator:
         self._open = lambda: ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
                                             intra_threads=threads, inter_threads=workers)
         self.model = self._open()
+        self._passthrough = PassThrough(self.tokenizer)
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
@@ -218,10 +220,18 @@ class CTranslate2Translator:
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output); with
         scores=False CTranslate2 does not compute them and each score is NaN. `prefixes`: as `Translator`'s
-        (CTranslate2's target_prefix)."""
+        (CTranslate2's target_prefix). Text the vocabulary lacks is copied through as by `Translator`, at its
+        relative position (`transformer/passthrough.py`)."""
         opts = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
+        if opts.copy_unknown:  # no attention to align with: spans go back at their relative positions
+            return with_passthrough(self._passthrough, sentences, prefixes,
+                                    lambda texts: self._translate_n_best(texts, opts, scores, prefixes))[0]
+        return self._translate_n_best(sentences, opts, scores, prefixes)
+
+    def _translate_n_best(self, sentences: list[str], opts: DecodingConfig, scores: bool,
+                          prefixes: Optional[list[Optional[str]]]) -> list[list[tuple[str, float]]]:
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in sentences]
         texts = [s.strip() for s in sentences]
         kept = [i for i, t in enumerate(texts) if t]

@@ -5,7 +5,8 @@
     translator.translate(["Ein Mann fährt Fahrrad."])            # -> ["A man is riding a bike."]
 
 Guarantees: one output per input, in input order; empty or whitespace-only inputs give empty outputs; an
-input longer than the model's max_positions is truncated with a warning (counted in `stats`).
+input longer than the model's max_positions is truncated with a warning (counted in `stats`); text the source
+vocabulary cannot represent is copied into the output once, unchanged (`passthrough.py`; `copy_unknown`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .decoding.sampling import sample_decode
 from .device import resolve_device
 from .fast import decoder_for
 from .model import Transformer
+from .passthrough import PassThrough, with_passthrough
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -44,12 +46,14 @@ _THREAD_COUNT_LOCK = threading.Lock()
 @dataclass
 class TranslationStats:
     """Counts of the last call (`translate`, `translate_n_best` or `decode_ids`) only: sentences, truncated
-    inputs, outputs cut at the length cap, output tokens (eos excluded)."""
+    inputs, outputs cut at the length cap, output tokens (eos excluded), sentences with text copied through
+    untranslated (`transformer/passthrough.py`)."""
 
     n_sentences: int = 0
     n_truncated: int = 0
     n_hit_max_len: int = 0
     n_output_tokens: int = 0
+    n_copied_unknown: int = 0
 
 
 class Translator:
@@ -96,6 +100,7 @@ class Translator:
         self.quantization = quantization
         self.compile = compile
         self.tokenizer = tokenizer
+        self._passthrough = PassThrough(tokenizer)
         self.config = config
         self.stats = TranslationStats()
 
@@ -203,12 +208,20 @@ class Translator:
         options = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
-        src_ids, n_truncated = self._encode(sentences)
         prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
                                                     for p in prefixes]
-        hypotheses = self.decode_ids(src_ids, options, scores=scores, prefix_ids=prefix_ids)
-        self.stats.n_truncated = n_truncated
-        return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+
+        def translate(texts: list[str]) -> list[list[tuple[str, float]]]:
+            src_ids, n_truncated = self._encode(texts)
+            hypotheses = self.decode_ids(src_ids, options, scores=scores, prefix_ids=prefix_ids)
+            self.stats.n_truncated = n_truncated
+            return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+
+        if not options.copy_unknown:
+            return translate(sentences)
+        results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, self.align)
+        self.stats.n_copied_unknown = n_copied
+        return results
 
     @torch.no_grad()
     def align(self, sentences: list[str], translations: list[str], layer: int = -1,

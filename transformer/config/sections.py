@@ -330,6 +330,9 @@ class DecodingConfig:
     seed: int = 0
     """With sampling: the random stream of a sentence depends on this, its source tokens and the sample's number
     only, so an input gets the same samples whatever else is decoded with it."""
+    copy_unknown: bool = True
+    """Text the source vocabulary cannot represent (emoji, symbols, other scripts) is taken out before translating and
+    put back, unchanged, into the translation (`transformer/passthrough.py`); false: it reaches the model as unk."""
 
     def __post_init__(self) -> None:
         _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")

@@ -19,8 +19,10 @@ bounded memory.
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import select
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,19 +280,44 @@ def write_and_flush(out: TextIO, text: str, name: str) -> None:
         raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
 
 
-def input_chunks(sentences: list[str], path: Optional[str], buffer_size: int, progress: bool) -> Iterator[list[str]]:
-    """Input lines in chunks of at most buffer_size: the `sentences` given, else the file at `path` read
-    incrementally (with a progress bar on stderr if `progress`), else stdin as lines arrive (`StreamLineReader`)."""
+FIRST_CHUNK = 16
+"""Lines in the first chunk that `input_chunks` reads when its output streams (`growing`)."""
+
+
+def is_streaming(stream: TextIO) -> bool:
+    """Whether `stream` is a pipe, a socket or a terminal (a reader waits on it), not a regular file or a buffer."""
+    try:
+        return not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def chunk_sizes(buffer_size: int, first: int) -> Iterator[int]:
+    """`first`, twice that, ... up to buffer_size, then buffer_size for ever."""
+    size = min(first, buffer_size)
+    while True:
+        yield size
+        size = min(2 * size, buffer_size)
+
+
+def input_chunks(sentences: list[str], path: Optional[str], buffer_size: int, progress: bool,
+                 growing: bool = False) -> Iterator[list[str]]:
+    """Input lines in chunks of at most buffer_size lines: the `sentences` given (one chunk), else the file at `path`
+    read incrementally (with a progress bar on stderr if `progress`), else stdin as lines arrive
+    (`StreamLineReader`). With `growing`, the chunks start at FIRST_CHUNK lines and double up to buffer_size: for
+    output that streams (a pipe, a terminal), whose reader (`head -n 2`) gets the first lines after a short chunk
+    and may stop there, while later lines come in large, well-batched chunks."""
     if sentences:
         yield list(sentences)
         return
+    sizes = chunk_sizes(buffer_size, FIRST_CHUNK if growing else buffer_size)
     if path:
         with LineReader(path) as reader, tqdm(total=count_lines(path), unit="line", disable=not progress,
                                               file=sys.stderr, desc="translate") as bar:
-            while chunk := reader.read(buffer_size):
+            while chunk := reader.read(next(sizes)):
                 yield chunk
                 bar.update(len(chunk))
         return
     reader = StreamLineReader(sys.stdin.buffer)
-    while chunk := reader.read_available(buffer_size):
+    while chunk := reader.read_available(next(sizes)):
         yield chunk

@@ -60,7 +60,7 @@ class RequestError(Exception):
 
 
 SEARCH_OPTIONS = ("n_best", "beam_size", "length_penalty", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
-                  "sampling", "top_k", "top_p", "temperature", "seed")
+                  "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
 """The decoding options a request may set (the others are the server's: batch sizes)."""
 
 
@@ -85,6 +85,8 @@ class TranslateRequest(DecodingRequest):
     top_p: Optional[float] = Field(None, description="with sampling: from the nucleus of this probability")
     temperature: Optional[float] = Field(None, description="with sampling: divide the logits by this")
     seed: Optional[int] = Field(None, description="with sampling: same seed and sentence, same samples")
+    copy_unknown: Optional[bool] = Field(None, description="copy text the vocabulary lacks (emoji, other scripts) "
+                                         "through untranslated (default true); false: the model sees it as unk")
     prefix: Optional[list[str]] = Field(None, description="per sentence, a target prefix the translation starts "
                                         "with (\"\": none); one string for one sentence")
 
