@@ -1,6 +1,7 @@
 """Export to CTranslate2 and decoding with it: the same translations as our decoder, from the same CLI."""
 
 import gzip
+import itertools
 import json
 import math
 
@@ -81,6 +82,30 @@ def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_su
         b = theirs.translate_n_best(src[:30], n_best=1, beam_size=beam_size, length_penalty=alpha)
         same = [(x[0][1], y[0][1]) for x, y in zip(a, b) if x[0][0] == y[0][0]]
         assert len(same) >= 25 and all(abs(x - y) < 1e-4 for x, y in same), (beam_size, alpha, same)
+
+
+def _longest_run(tokens: list) -> int:
+    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)
+
+
+def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(exported, trained_run, multi30k_subset):
+    """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences);
+    this briefly trained model loops on some lines without the limit."""
+    from transformer.ct2 import CTranslate2Translator
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:100]
+    ours, theirs = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt"), CTranslate2Translator(exported)
+    src_ids = ours.tokenizer.encode_src(src)
+    free = ours.decode_ids(src_ids, ours.decoding_options(beam_size=1, max_repeat=0))
+    assert sum(_longest_run(hyps[0].tokens) > 3 for hyps in free) >= 3
+    for beam_size in (1, 4):
+        limited = ours.decode_ids(src_ids, ours.decoding_options(beam_size=beam_size))  # the default, 3
+        assert max(_longest_run(hyps[0].tokens) for hyps in limited) <= 3
+        theirs_limited = theirs.translate(src, beam_size=beam_size)
+        assert max(_longest_run(ours.tokenizer.encode_tgt([t])[0]) for t in theirs_limited) <= 3
+    assert theirs.translate(src, beam_size=1) == ours.translate(src, beam_size=1)
+    assert theirs.translate(src, beam_size=1, max_repeat=0) == ours.translate(src, beam_size=1, max_repeat=0)
 
 
 def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run, capsys):

@@ -118,7 +118,7 @@ def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path
     lines = sentences(20, seed=11)
     assert tokenizer2.encode_src(lines) == tokenizer.encode_src(lines)
     ours = Translator(model, tokenizer, config, torch.device("cpu"))
-    greedy = ours.translate(lines, beam_size=1, max_len_a=0.0, max_len_b=10)
+    greedy = ours.translate(lines, beam_size=1, max_len_a=0.0, max_len_b=10, max_repeat=0)  # generate has no limit
     assert _generate(out, lines, 1, 10) == greedy  # plain transformers code on the export
 
 
@@ -206,7 +206,7 @@ def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_su
     tokenizer, hf = _hf(out)
     lines = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")
     lines = [line for line in lines if line][:100]
-    ours = translator.translate(lines, beam_size=1)
+    ours = translator.translate(lines, beam_size=1, max_repeat=0)  # generate has no decoding.max_repeat
     decoding, theirs = translator.config.decoding, []
     with torch.no_grad():
         for start in range(0, len(lines), 50):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import gzip
+import itertools
 import logging
 import threading
 import time
@@ -162,3 +163,22 @@ def test_concurrent_worker_calls_take_turns_with_the_thread_count(trained_run, t
 def test_bad_worker_counts_are_refused(trained_run, workers):
     with pytest.raises(ConfigError, match=f"workers={workers}: must be at least 1"):
         Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt", workers=workers)
+
+
+def test_no_output_loops_on_one_piece_in_float32_or_int8(trained_run, multi30k_subset):
+    """The loops of one subword piece a model falls into on words it barely knows ("pathddddddd"), which int8's
+    rounding tips a few more lines into, stop at decoding.max_repeat (3) in every search."""
+    lines = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")[:100]
+    path = trained_run / "checkpoints" / "best.pt"
+    for quantization in (None, "int8"):
+        translator = Translator.from_checkpoint(path, quantization=quantization)
+        src_ids = translator.tokenizer.encode_src(lines)
+        free = translator.decode_ids(src_ids, translator.decoding_options(beam_size=1, max_repeat=0))
+        assert sum(_longest_run(hyps[0].tokens) >= 5 for hyps in free) >= 3, quantization  # the test can fail
+        for beam_size in (1, 4):
+            limited = translator.decode_ids(src_ids, translator.decoding_options(beam_size=beam_size))
+            assert max(_longest_run(hyps[0].tokens) for hyps in limited) <= 3, (quantization, beam_size)
+
+
+def _longest_run(tokens: list[int]) -> int:
+    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)

@@ -45,6 +45,8 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) ->
     group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
     group.add_argument("--max-len-b", type=int, help="see --max-len-a")
     group.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no output repeats an N-gram of pieces")
+    group.add_argument("--max-repeat", type=int, metavar="R", help="no output has one piece more than R times in a "
+                       "row (default 3; 0: no limit)")
     group.add_argument("--sampling", action="store_const", const=True, help="draw each token at random from the "
                        "model's distribution (beam size 1; with --n-best K: K samples per input)")
     group.add_argument("--top-k", type=int, help="with --sampling: draw among the K most probable tokens (0: all)")
@@ -183,7 +185,8 @@ def _version() -> str:
 
 
 DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len",
-                  "no_repeat_ngram_size", "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
+                  "no_repeat_ngram_size", "max_repeat", "sampling", "top_k", "top_p", "temperature", "seed",
+                  "copy_unknown")
 """The `decoding` keys that translate and evaluate take as flags (--beam-size, ...); translate also --n-best."""
 
 
@@ -362,8 +365,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .checkpoint import load_for_inference
         from .hf import export_huggingface
 
-        out = export_huggingface(*load_for_inference(args.checkpoint), args.output, force=args.force)
+        config, model, tokenizer = load_for_inference(args.checkpoint)
+        out = export_huggingface(config, model, tokenizer, args.output, force=args.force)
         print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer")
+        if config.decoding.max_repeat:
+            print(f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
+                  "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)")
         return 0
     from .ct2 import export_ctranslate2
 

@@ -38,7 +38,7 @@ from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
 from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
-from .tokenizer import Tokenizer
+from .tokenizer import SPECIAL_PIECES, Tokenizer
 from .translate import check_workers, decoding_options
 
 METADATA = "transformer_nmt.json"
@@ -205,6 +205,8 @@ class CTranslate2Translator:
                                             intra_threads=threads, inter_threads=workers)
         self.model = self._open()
         self._passthrough = PassThrough(self.tokenizer)
+        self._runs: list[list[str]] = []
+        self._runs_of = 0  # the max_repeat that _runs is for
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
@@ -256,7 +258,8 @@ class CTranslate2Translator:
                 source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
                 num_hypotheses=opts.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
                 no_repeat_ngram_size=opts.no_repeat_ngram_size, return_scores=False, max_batch_size=opts.batch_size,
-                target_prefix=[targets[i] for i in chunk] if prefixes is not None else None, **sampling)
+                target_prefix=[targets[i] for i in chunk] if prefixes is not None else None,
+                suppress_sequences=self._long_runs(opts.max_repeat), **sampling)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
@@ -264,6 +267,17 @@ class CTranslate2Translator:
                 results[i] = [(tokenizer.decode_tgt([tokenizer.piece_to_id(p) for p in h]), score)
                               for h, score in zip(sentence_hyps, sentence_scores)]
         return results
+
+    def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:
+        """decoding.max_repeat for CTranslate2: every target piece (but the special ones) max_repeat + 1 times in
+        a row, as sequences it must not generate; None for no limit."""
+        if not max_repeat:
+            return None
+        if self._runs_of != max_repeat:
+            vocab = range(len(SPECIAL_PIECES), self.tokenizer.tgt_vocab_size)
+            self._runs = [[self.tokenizer.id_to_piece(i)] * (max_repeat + 1) for i in vocab]
+            self._runs_of = max_repeat
+        return self._runs
 
     def _scores(self, source: list[list[str]], hyps: list[list[list[str]]],
                 options: DecodingConfig) -> list[list[float]]:

@@ -301,7 +301,7 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
     saved = marian.get(CONFIG_KEY, {}).get("config")
     raw = json.loads(json.dumps(saved)) if saved else {
         "data": {"src_lang": "src", "tgt_lang": "tgt", "path": str(folder)},
-        "decoding": {"beam_size": 4}}
+        "decoding": {"beam_size": 4, "max_repeat": 0}}  # as transformers' generate, which has no such limit
     raw["model"] = {
         "d_model": marian["d_model"], "n_heads": marian["encoder_attention_heads"], "d_ff": marian["encoder_ffn_dim"],
         "n_encoder_layers": marian["encoder_layers"], "n_decoder_layers": marian["decoder_layers"],

@@ -178,7 +178,8 @@ class Translator:
             prefixes: per sentence, the text its translation must start with (None or "": free); see
                 `translate_n_best`.
             options: any of `DecodingConfig`'s fields but n_best (beam_size, length_penalty, batch_size, max_len_a,
-                max_len_b, min_len, no_repeat_ngram_size, sampling, top_k, top_p, temperature, seed).
+                max_len_b, min_len, no_repeat_ngram_size, max_repeat, sampling, top_k, top_p, temperature, seed,
+                copy_unknown).
 
         Returns:
             One detokenized string per input, in input order (with sampling: the first sample).
@@ -341,13 +342,14 @@ class Translator:
         o = options
         if o.sampling:
             return sample_decode(self.decoder, src, mask, o.n_best, o.top_k, o.top_p, o.temperature, o.seed,
-                                 o.max_len_a, o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes)
+                                 o.max_len_a, o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes, o.max_repeat)
         if o.beam_size == 1:
             hyps = greedy_decode(self.decoder, src, mask, o.max_len_a, o.max_len_b, o.min_len, scores=scores,
-                                 no_repeat_ngram_size=o.no_repeat_ngram_size, prefixes=prefixes)
+                                 no_repeat_ngram_size=o.no_repeat_ngram_size, prefixes=prefixes,
+                                 max_repeat=o.max_repeat)
             return [[h] for h in hyps]
         return beam_search(self.decoder, src, mask, o.beam_size, o.length_penalty, o.n_best, o.max_len_a,
-                           o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes)
+                           o.max_len_b, o.min_len, o.no_repeat_ngram_size, prefixes, o.max_repeat)
 
 
 def check_workers(workers: int) -> None:

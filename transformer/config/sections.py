@@ -318,6 +318,9 @@ class DecodingConfig:
     """If > 0, batches are cut by this many padded source tokens instead (batch_size still caps sentences)."""
     no_repeat_ngram_size: int = 0
     """If N > 0, no output repeats an n-gram of N pieces (greedy, beam search and sampling; eos is never blocked)."""
+    max_repeat: int = 3
+    """If R > 0, no output has one piece more than R times in a row (greedy, beam search and sampling): it stops the
+    loops of one subword ("Marininininin") a model can fall into on a word it barely knows. 0: no limit."""
     sampling: bool = False
     """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
     of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
@@ -343,6 +346,7 @@ class DecodingConfig:
                  f"must be between 1 and 256 samples, got {self.n_best}" if self.sampling else
                  f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}")
         _require(self.no_repeat_ngram_size >= 0, "decoding.no_repeat_ngram_size", "must be >= 0 (0: off)")
+        _require(self.max_repeat >= 0, "decoding.max_repeat", f"must be >= 0 (0: no limit), got {self.max_repeat}")
         _require(self.top_k >= 0, "decoding.top_k", f"must be >= 0 (0: all tokens), got {self.top_k}")
         _require(0.0 < self.top_p <= 1.0, "decoding.top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.temperature > 0.0, "decoding.temperature", f"must be positive, got {self.temperature}")

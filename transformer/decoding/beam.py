@@ -28,7 +28,7 @@ from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..fast.reductions import row_topk
 from .greedy import Hypothesis, max_output_lengths
 from .interface import IncrementalCache, IncrementalDecoder
-from .ngram import block_repeated_ngrams_, force_prefix_
+from .ngram import block_long_runs_, block_repeated_ngrams_, force_prefix_
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -76,8 +76,8 @@ def initialise(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Ten
 
 
 def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len: int,
-           no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None
-           ) -> tuple[Tensor, Tensor]:
+           no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None,
+           max_repeat: int = 0) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
     Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
@@ -87,7 +87,8 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len
     Returns:
         scores and tokens, each `(n_alive, beam_size, k)` with k = min(2·beam_size, vocab): total
         log-probabilities of the candidates; pad and bos are never produced, eos not before min_len, and no token
-        that would repeat an n-gram of no_repeat_ngram_size tokens of its hypothesis (`decoding/ngram.py`); inside
+        that would repeat an n-gram of no_repeat_ngram_size tokens of its hypothesis or make a run of one token
+        longer than max_repeat (`decoding/ngram.py`); inside
         a sentence's forced prefix (`prefixes`, per input sentence), only the prefix's token.
     """
     logits = model.decode_step(state.prefixes[:, -1], state.cache)
@@ -97,8 +98,10 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len
     lprobs[:, BOS_ID] = float("-inf")
     if step < min_len:
         lprobs[:, EOS_ID] = float("-inf")
-    if no_repeat_ngram_size:
-        block_repeated_ngrams_(lprobs, state.prefixes[:, 1:].tolist(), no_repeat_ngram_size)
+    if no_repeat_ngram_size or max_repeat:
+        history = state.prefixes[:, 1:].tolist()
+        block_repeated_ngrams_(lprobs, history, no_repeat_ngram_size)
+        block_long_runs_(lprobs, history, max_repeat)
     n_alive, beam_size = state.scores.shape
     if prefixes is not None:
         rows = [prefixes[i] for i in state.alive for _ in range(beam_size)]
@@ -198,7 +201,7 @@ def pick_n_best(sentence: _Sentence, n_best: int) -> list[Hypothesis]:
 def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, beam_size: int = 4,
                 length_penalty: float = 0.6, n_best: int = 1, max_len_a: float = 1.5, max_len_b: int = 10,
                 min_len: int = 0, no_repeat_ngram_size: int = 0,
-                prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
+                prefixes: Optional[list[Optional[list[int]]]] = None, max_repeat: int = 0) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
     Args:
@@ -211,6 +214,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Te
         max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths` (the same for both).
         min_len: eos is not allowed before this many tokens.
         no_repeat_ngram_size: if N > 0, no hypothesis repeats an N-gram (eos is never blocked).
+        max_repeat: if R > 0, no hypothesis has one token more than R times in a row (eos is never blocked).
         prefixes: per sentence, target tokens every hypothesis must start with (None: free).
 
     Returns:
@@ -226,7 +230,8 @@ def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Te
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, beam_size)
     for step in range(max(max_lengths)):
-        candidate_scores, candidate_tokens = expand(model, state, step, min_len, no_repeat_ngram_size, prefixes)
+        candidate_scores, candidate_tokens = expand(model, state, step, min_len, no_repeat_ngram_size, prefixes,
+                                                    max_repeat)
         top = select_top_k(candidate_scores, candidate_tokens, beam_size)
         next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty)
         state = advance(state, sentences, next_scores, next_rows, next_tokens)

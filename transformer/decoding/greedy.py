@@ -14,7 +14,7 @@ from torch import Tensor
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from ..fast.reductions import row_argmax
 from .interface import IncrementalCache, IncrementalDecoder
-from .ngram import block_repeated_ngrams_, force_prefix_
+from .ngram import block_long_runs_, block_repeated_ngrams_, force_prefix_
 
 
 @dataclass
@@ -89,9 +89,10 @@ def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], 
 @torch.no_grad()
 def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
                   max_len_b: int = 10, min_len: int = 0, scores: bool = True, no_repeat_ngram_size: int = 0,
-                  prefixes: Optional[list[Optional[list[int]]]] = None) -> list[Hypothesis]:
+                  prefixes: Optional[list[Optional[list[int]]]] = None, max_repeat: int = 0) -> list[Hypothesis]:
     """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
-    never picked, eos not before min_len tokens, and no n-gram of no_repeat_ngram_size tokens twice.
+    never picked, eos not before min_len tokens, no n-gram of no_repeat_ngram_size tokens twice, and no token more
+    than max_repeat times in a row.
 
     Finished sentences leave the batch, so the work per step shrinks as sentences end, and the loop
     stops as soon as the last one has ended.
@@ -104,6 +105,7 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         min_len: eos is not allowed before this many tokens.
         no_repeat_ngram_size: if N > 0, a token that would repeat an N-gram of the output is not picked
             (`decoding/ngram.py`; eos always can be).
+        max_repeat: if R > 0, a token that the output's last R tokens all are is not picked (`decoding/ngram.py`).
         prefixes: per sentence, target tokens that the output must start with (None: free), produced with the
             model's scores before free decoding goes on.
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
@@ -133,6 +135,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
             candidates[:, EOS_ID] = float("-inf")
         if no_repeat_ngram_size:
             block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
+        if max_repeat:
+            block_long_runs_(candidates, [outputs[i] for i in alive], max_repeat)
         if prefixes is not None:
             force_prefix_(candidates, model_candidates, [prefixes[i] for i in alive], step)
         best = row_argmax(candidates)  # (alive,)

@@ -1,8 +1,13 @@
-"""Restrictions of the next token that every search applies: n-gram repeat blocking and forced prefixes.
+"""Restrictions of the next token that every search applies: n-gram repeat blocking, runs of one token, and forced
+prefixes.
 
 N-gram blocking: no output contains the same n-gram of pieces twice. At each step, a hypothesis whose last n - 1
 tokens already occurred earlier followed by token t may not produce t again. Eos is never blocked, so a hypothesis
 can always end (every other continuation may be blocked).
+
+Runs: no output has one token more than max_repeat times in a row. A model that meets a word it barely knows can
+fall into a loop of one subword piece ("Marininininin"): a hypothesis whose last max_repeat tokens are all t may
+not produce t again. Eos is never blocked.
 
 Forced prefixes: the first tokens of an output are given (a target prefix per sentence); the search produces them
 with the model's own scores, then goes on freely.
@@ -41,6 +46,26 @@ def block_repeated_ngrams_(scores: Tensor, prefixes: list[list[int]], n: int) ->
         tokens = blocked_tokens(prefix, n)
         if tokens:
             scores[row, list(tokens)] = float("-inf")
+
+
+def block_long_runs_(scores: Tensor, prefixes: list[list[int]], max_repeat: int) -> None:
+    """Set `scores[row, t]` to -inf where row's last max_repeat tokens are all t (in place), so that no output has
+    one token more than max_repeat times in a row.
+
+    Args:
+        scores: `(rows, vocab)` log-probabilities or logits.
+        prefixes: per row, the tokens generated so far (bos excluded).
+        max_repeat: the longest run allowed (0: any).
+    """
+    if max_repeat <= 0:
+        return
+    rows, tokens = [], []
+    for row, prefix in enumerate(prefixes):
+        if len(prefix) >= max_repeat and prefix[-1] != EOS_ID and prefix[-max_repeat:].count(prefix[-1]) == max_repeat:
+            rows.append(row)
+            tokens.append(prefix[-1])
+    if rows:
+        scores[rows, tokens] = float("-inf")
 
 
 def force_prefix_(scores: Tensor, model_scores: Tensor, prefixes: list[Optional[list[int]]], step: int) -> None:

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..config import BOS_ID, EOS_ID, PAD_ID
 from .greedy import Hypothesis, keep_unfinished, max_output_lengths
 from .interface import IncrementalDecoder
-from .ngram import block_repeated_ngrams_
+from .ngram import block_long_runs_, block_repeated_ngrams_
 
 
 def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0) -> Tensor:
@@ -62,10 +62,11 @@ def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
 def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, n_samples: int = 1,
                   top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0,
                   max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
-                  no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None
-                  ) -> list[list[Hypothesis]]:
+                  no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None,
+                  max_repeat: int = 0) -> list[list[Hypothesis]]:
     """Draw n_samples outputs per sentence (see the module docstring); pad and bos are never drawn, eos not before
-    min_len tokens, and no token that would repeat an n-gram of no_repeat_ngram_size tokens.
+    min_len tokens, no token that would repeat an n-gram of no_repeat_ngram_size tokens, and no token more than
+    max_repeat times in a row.
 
     Args:
         model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
@@ -103,6 +104,8 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
             logits[:, EOS_ID] = float("-inf")
         if no_repeat_ngram_size:
             block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
+        if max_repeat:
+            block_long_runs_(logits, [outputs[i] for i in alive], max_repeat)
         probs = sampling_distribution(logits, top_k, top_p, temperature)
         forced = [row_prefixes[i][step] if row_prefixes[i] is not None and step < len(row_prefixes[i]) else -1
                   for i in alive]

@@ -60,7 +60,7 @@ class RequestError(Exception):
 
 
 SEARCH_OPTIONS = ("n_best", "beam_size", "length_penalty", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
-                  "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
+                  "max_repeat", "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
 """The decoding options a request may set (the others are the server's: batch sizes)."""
 
 
@@ -80,6 +80,8 @@ class TranslateRequest(DecodingRequest):
     n_best: Optional[int] = Field(None, description="also return this many hypotheses per sentence, with scores "
                                   "(with sampling: this many samples)")
     no_repeat_ngram_size: Optional[int] = Field(None, description="no output repeats an n-gram of this many pieces")
+    max_repeat: Optional[int] = Field(None, description="no output has one piece more than this many times in a row "
+                                      "(0: no limit)")
     sampling: Optional[bool] = Field(None, description="draw each token at random (beam size 1)")
     top_k: Optional[int] = Field(None, description="with sampling: among the k most probable tokens (0: all)")
     top_p: Optional[float] = Field(None, description="with sampling: from the nucleus of this probability")
