@@ -6,13 +6,16 @@ unless TRANSFORMER_NMT_REQUIRE_BROWSER=1 (set by `.ci/run`), where it fails: CI 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,15 +35,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(trained_run, tmp_path_factory):
-    """`transformer serve` on a free port; yields its URL."""
+def _start(trained_run, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`transformer serve` on a free port, answering /health; (process, URL)."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", "--checkpoint",
                                     str(trained_run / "checkpoints" / "best.pt"), "--port", str(port),
-                                    "--threads", "1", "--no-access-log"],
+                                    "--threads", "1", "--no-access-log", *flags],
                                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -54,6 +55,13 @@ def server(trained_run, tmp_path_factory):
             process.kill()
             pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
+    return process, url
+
+
+@pytest.fixture(scope="module")
+def server(trained_run, tmp_path_factory):
+    """`transformer serve` on a free port; yields its URL."""
+    process, url = _start(trained_run, tmp_path_factory.mktemp("serve") / "server.log")
     yield url
     process.terminate()
     process.wait(30)
@@ -165,3 +173,89 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(trained_run, capsys, m
         port = taken.getsockname()[1]
         assert main(["serve", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--port", str(port)]) == 2
     assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+
+
+def _raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _translate_request(body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(data)) + data
+
+
+def _long_request(lines: int = 128) -> dict:
+    """A request that keeps the decoding thread busy for a while (wide beams over the longest test sentences)."""
+    source = gzip.open(MULTI30K / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:500]
+    return {"text": sorted(source, key=len)[-lines:], "beam_size": 16, "min_len": 100, "max_len_a": 0.0,
+            "max_len_b": 110}
+
+
+def test_slow_and_departed_clients(trained_run, tmp_path):
+    """A client that stalls its headers is disconnected, one that stalls its body gets 408, both within
+    --request-timeout; a client that leaves while its request waits gets nothing decoded for it."""
+    process, url = _start(trained_run, tmp_path / "server.log", "--request-timeout", "1")
+    try:
+        start = time.monotonic()
+        with _raw(url) as stalled:
+            stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+            assert stalled.recv(1000) == b""  # closed by the server
+        assert time.monotonic() - start < 4
+        start = time.monotonic()
+        with _raw(url) as slow:
+            slow.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"text\": ")
+            answer = b""
+            while b"}" not in answer.rpartition(b"\r\n\r\n")[2]:  # headers, then the JSON body
+                chunk = slow.recv(10000)
+                if not chunk:
+                    break
+                answer += chunk
+            answer = answer.decode()
+        assert time.monotonic() - start < 4
+        assert answer.startswith("HTTP/1.1 408") and '"field":"body"' in answer and "--request-timeout" in answer
+        # one long request busies the decoding thread; a second one waits behind it, and its client leaves
+        with httpx.Client(timeout=300) as client:
+            before = client.get(url + "/health").json()["batching"]
+            pool = ThreadPoolExecutor(1)
+            busy = pool.submit(client.post, url + "/translate", json=_long_request())
+            time.sleep(1.0)
+            with _raw(url) as leaving:
+                leaving.sendall(_translate_request({"text": ["Ein Hund läuft über die Wiese."] * 7}))
+                time.sleep(1.0)  # read and queued
+            assert not busy.done(), "the long request ended before the test could leave: make it longer"
+            assert busy.result().status_code == 200
+            pool.shutdown()
+            deadline = time.monotonic() + 10  # the batcher reaches the departed request after the long one
+            while True:
+                after = client.get(url + "/health").json()["batching"]
+                if after["abandoned_requests"] > before["abandoned_requests"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        assert after["abandoned_requests"] - before["abandoned_requests"] == 1, (before, after)
+        assert after["sentences"] - before["sentences"] == 128  # the long request's only
+        assert client_alive(url)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def client_alive(url: str) -> bool:
+    return httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(trained_run, tmp_path):
+    process, url = _start(trained_run, tmp_path / "server.log", "--shutdown-timeout", "60")
+    request = _long_request(64)
+    with httpx.Client(timeout=300) as client, ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(client.post, url + "/translate", json=request)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.ConnectError):  # the listening socket is closed at once
+            httpx.get(url + "/health", timeout=5)
+        answer = in_flight.result()
+    assert answer.status_code == 200 and len(answer.json()["translations"]) == 64
+    assert process.wait(60) == 0, (tmp_path / "server.log").read_text()[-2000:]

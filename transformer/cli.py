@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sentences of concurrent requests decoded together (default: decoding.batch_size)")
     serve.add_argument("--max-wait-ms", type=float, default=5.0,
                        help="how long to collect concurrent requests into one batch (milliseconds, default 5)")
+    serve.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request's headers, then its "
+                       "body, may take to arrive (default 30; 0: no limit)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="on SIGTERM or Ctrl-C, seconds requests "
+                       "in flight may take to finish (default 30)")
     serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
     return parser
 
@@ -407,13 +411,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for flag in ("max_sentences", "max_chars", "max_beam_size", "max_request_bytes"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.max_batch_sentences < 0 or args.max_wait_ms < 0 or args.threads < 0:
-        raise ConfigError("--max-batch-sentences, --max-wait-ms and --threads must be >= 0")
-    limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars,
-                         max_beam_size=args.max_beam_size, max_request_bytes=args.max_request_bytes)
+    if min(args.max_batch_sentences, args.max_wait_ms, args.threads, args.request_timeout, args.shutdown_timeout) < 0:
+        raise ConfigError("--max-batch-sentences, --max-wait-ms, --threads, --request-timeout and --shutdown-timeout "
+                          "must be >= 0")
+    limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_beam_size=args.max_beam_size,
+                         max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout)
     run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
                limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
-               access_log=not args.no_access_log, quantization=args.quantization, compile=args.compile)
+               access_log=not args.no_access_log, quantization=args.quantization, compile=args.compile,
+               shutdown_timeout_s=args.shutdown_timeout)
     return 0
 
 

@@ -14,14 +14,16 @@ and served from memory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,6 +51,9 @@ class ServeLimits:
     max_beam_size: int = 16
     max_request_bytes: int = 1_000_000
     """Size of a request body (bytes); larger bodies get 413 before they are read whole."""
+    request_timeout_s: float = 30.0
+    """Seconds a request's body may take to arrive once its headers have (408 after it; 0: no limit). The server
+    (`run_server`) bounds the headers' time by the same figure."""
 
 
 class RequestError(Exception):
@@ -154,6 +159,8 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
                   description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
     app.state.batcher = batcher
     _add_error_handlers(app, limits)
+    if limits.request_timeout_s:
+        app.add_middleware(_BodyDeadline, seconds=limits.request_timeout_s)
 
     def options_for(body: DecodingRequest, n_best: Optional[int] = None) -> DecodingConfig:
         if body.beam_size is not None and not 1 <= body.beam_size <= limits.max_beam_size:
@@ -187,21 +194,21 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         return sentences
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
-    async def translate(body: TranslateRequest) -> dict:
+    async def translate(body: TranslateRequest, request: Request) -> dict:
         """Translate sentences (batched with concurrent requests); the n best with scores if n_best is given."""
         start = time.perf_counter()
         sentences = sentences_of(body.text)
         options = options_for(body, n_best=body.n_best)
         if body.prefix is None:
-            results = await batcher.translate(sentences, options)
+            results = await _unless_disconnected(request, batcher.translate(sentences, options))
         elif len(body.prefix) != len(sentences):
             raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(body.prefix)}")
         else:  # prefixes are per sentence: this request is decoded on its own
             for i, prefix in enumerate(body.prefix):
                 _check_encodable(prefix, f"prefix[{i}]")
             search = {key: getattr(options, key) for key in SEARCH_OPTIONS}
-            results = await batcher.run_on_worker(lambda: translator.translate_n_best(
-                sentences, prefixes=body.prefix, **search))
+            results = await _unless_disconnected(request, batcher.run_on_worker(lambda: translator.translate_n_best(
+                sentences, prefixes=body.prefix, **search)))
         response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
         if body.alignment:
             if not _is_pytorch(translator):
@@ -239,6 +246,65 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
         app.add_api_route(route, _static_page(content, media), methods=["GET"], include_in_schema=False,
                           response_class=HTMLResponse if route == "/" else Response)
     return app
+
+
+class ClientGone(Exception):
+    """The client of a request closed its connection before the answer was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """The result of `work`, or, if the client disconnects first, `work` cancelled (sentences still waiting in the
+    batcher are then not decoded) and `ClientGone` raised."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server gave up on the request (shutdown): so does the batcher
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+BODY_TIMEOUT_KEY = "transformer_nmt.body_timeout_s"
+"""Set in a request's ASGI scope when its body did not arrive in time (`_BodyDeadline`)."""
+
+
+class _BodyDeadline:
+    """ASGI middleware: a request whose body has not arrived `seconds` after the app started reading it gets 408
+    (`"field": "body"`); after the body, reading goes on unbounded (the disconnect watch of `_unless_disconnected`)."""
+
+    def __init__(self, app: Any, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        deadline, body_read = loop.time() + self.seconds, False
+
+        async def timed_receive() -> dict:
+            nonlocal body_read
+            if body_read:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:  # the framework may wrap this into its 400: the scope says what it was
+                scope[BODY_TIMEOUT_KEY] = self.seconds
+                raise HTTPException(408) from None
+            body_read = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        await self.app(scope, timed_receive, send)
 
 
 def _static_page(content: bytes, media_type: str):
@@ -297,9 +363,16 @@ def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
     async def refused(_: Request, err: RequestError) -> JSONResponse:
         return error(err.status, [(err.field, err.message)])
 
+    @app.exception_handler(ClientGone)
+    async def gone(_: Request, err: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: the access log's record that the client left
+
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         """The framework's own refusals, in the same form: a body it cannot parse, an unknown path or method."""
+        if BODY_TIMEOUT_KEY in request.scope:
+            return error(408, [("body", f"the body did not arrive within {request.scope[BODY_TIMEOUT_KEY]:g} s "
+                                "(serve --request-timeout)")])
         if err.status_code == 400:  # the body is not UTF-8, or nested too deep to parse
             return error(400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")])
         field = {404: "path", 405: "method"}.get(err.status_code, "body")

@@ -42,6 +42,8 @@ class BatchingStats:
     batches: int = 0
     largest_batch_sentences: int = 0
     largest_batch_requests: int = 0
+    abandoned_requests: int = 0
+    """Requests whose client disconnected before their turn: not decoded."""
 
     def to_dict(self) -> dict[str, float]:
         d: dict[str, float] = dataclasses.asdict(self)
@@ -143,6 +145,11 @@ class RequestBatcher:
                 await self._decode(group, options)
 
     async def _decode(self, group: list[_Request], options: DecodingConfig) -> None:
+        waiting = [request for request in group if not request.future.done()]  # done: the client went away
+        self.stats.abandoned_requests += len(group) - len(waiting)
+        group = waiting
+        if not group:
+            return
         sentences = [s for request in group for s in request.sentences]
         try:
             results = await self.run_on_worker(self.translate_n_best, sentences, options)
@@ -158,6 +165,6 @@ class RequestBatcher:
         self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(group))
         start = 0
         for request in group:
-            if not request.future.done():  # a client that went away leaves a cancelled future
+            if not request.future.done():  # a client that went away during the decode leaves a cancelled future
                 request.future.set_result(results[start:start + len(request.sentences)])
             start += len(request.sentences)

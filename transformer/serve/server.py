@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..config import ConfigError
 from ..ct2 import open_translator
@@ -18,7 +20,7 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
                threads: int = 0,
                limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
                access_log: bool = True, quantization: Optional[str] = None,
-               compile: bool = False) -> None:
+               compile: bool = False, shutdown_timeout_s: float = 30.0) -> None:
     """Load `checkpoint` (a .pt file or an exported CTranslate2 folder) and serve it until interrupted.
 
     Args:
@@ -33,6 +35,11 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
         quantization: None or "int8" (see `Translator`).
         compile: decode with the compiled step (`Translator(..., compile=True)`), compiled before the server starts
             answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
+        shutdown_timeout_s: on SIGTERM or Ctrl-C, how long requests in flight may take to finish before they are
+            cancelled and their connections closed (new connections are refused at once).
+
+    A connection whose request headers are not complete `limits.request_timeout_s` seconds after it opened (or after
+    its previous answer) is closed. On SIGTERM the server shuts down as above and returns (exit status 0).
 
     Raises:
         CheckpointError, DeviceError: the model cannot be loaded.
@@ -53,10 +60,54 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
                          max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
         print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
               "GET /health)", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log)
-        uvicorn.Server(config).run(sockets=[listening])
+        limits = limits or ServeLimits()
+        protocol = type("H11WithHeaderDeadline", (_HeaderDeadline,), {"seconds": limits.request_timeout_s})
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
+                                http=protocol if limits.request_timeout_s else "h11",
+                                timeout_graceful_shutdown=shutdown_timeout_s)
+        # uvicorn re-raises the signal that stopped it once it has shut down: a SIGTERM handled by a handler that
+        # does nothing lets the command end normally (exit status 0), as a service manager expects
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            uvicorn.Server(config).run(sockets=[listening])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         listening.close()
+
+
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request line and headers are not complete `seconds` after
+    it opened or after its previous answer (a client that stalls or trickles its headers)."""
+
+    seconds: float = 30.0
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._waiting_after = self.cycle  # a new request makes a new cycle
+        self._deadline = self.loop.call_later(self.seconds, self._expire)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.cycle is self._waiting_after and not self.transport.is_closing():
+            self.transport.close()
 
 
 def _listen(host: str, port: int) -> socket.socket:
