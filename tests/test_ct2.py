@@ -3,6 +3,7 @@
 import gzip
 import itertools
 import json
+import logging
 import math
 
 import pytest
@@ -106,6 +107,19 @@ def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(exported, trained
         assert max(_longest_run(ours.tokenizer.encode_tgt([t])[0]) for t in theirs_limited) <= 3
     assert theirs.translate(src, beam_size=1) == ours.translate(src, beam_size=1)
     assert theirs.translate(src, beam_size=1, max_repeat=0) == ours.translate(src, beam_size=1, max_repeat=0)
+
+
+def test_the_beam_length_normalisation_difference_is_told_once(exported, caplog):
+    from transformer.ct2 import CTranslate2Translator
+
+    theirs = CTranslate2Translator(exported)
+    with caplog.at_level(logging.WARNING, logger="transformer.ct2"):
+        theirs.translate(["Ein Hund läuft."], beam_size=1)
+        theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=0.0)
+        assert "ranks beam hypotheses" not in caplog.text  # greedy, or no length penalty: the same search
+        theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
+        theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
+    assert caplog.text.count("ranks beam hypotheses by log-probability / |Y|^1") == 1
 
 
 def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run, capsys):

@@ -27,6 +27,7 @@ greedy output equal on ≥ 99% of test_2016_flickr lines and BLEU within 0.1 (be
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,6 +41,8 @@ from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import SPECIAL_PIECES, Tokenizer
 from .translate import check_workers, decoding_options
+
+logger = logging.getLogger(__name__)
 
 METADATA = "transformer_nmt.json"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
@@ -207,6 +210,7 @@ class CTranslate2Translator:
         self._passthrough = PassThrough(self.tokenizer)
         self._runs: list[list[str]] = []
         self._runs_of = 0  # the max_repeat that _runs is for
+        self._told_length_penalty = False  # warned once that beam search ranks differently
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The config's decoding section with the given (non-None) overrides, validated (as `Translator`'s)."""
@@ -227,6 +231,11 @@ class CTranslate2Translator:
         opts = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
+        if opts.beam_size > 1 and opts.length_penalty > 0 and not self._told_length_penalty:
+            self._told_length_penalty = True
+            logger.warning("CTranslate2 ranks beam hypotheses by log-probability / |Y|^%g, our decoder by / ((5 + |Y|) "
+                           "/ 6)^%g: beam outputs differ from the .pt checkpoint's on some sentences (measured in "
+                           "docs/decoding.md, CTranslate2 export)", opts.length_penalty, opts.length_penalty)
         if opts.copy_unknown:  # no attention to align with: spans go back at their relative positions
             return with_passthrough(self._passthrough, sentences, prefixes,
                                     lambda texts: self._translate_n_best(texts, opts, scores, prefixes))[0]
