@@ -34,6 +34,7 @@ from transformer.ct2 import open_translator  # noqa: E402
 SPANS = ["\U0001F606", "\U0001F6B2", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\U0001F1E9\U0001F1EA", "\u732b",
          "\U0001F44D\U0001F3FD", "\U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F",
          "1\ufe0f\u20e3"]
+"""😆, 🚲, a ZWJ family, the German flag, a CJK character, a thumb with a skin tone, England's tag flag, keycap 1."""
 
 
 def build_set(lines: list[str]) -> list[tuple[str, str, list[str]]]:
@@ -54,7 +55,8 @@ def build_set(lines: list[str]) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def _without(text: str, spans: list[str]) -> str:
+def without_spans(text: str, spans: list[str]) -> str:
+    """`text` with the spans removed and its whitespace normalised."""
     for span in spans:
         text = text.replace(span, " ")
     return " ".join(text.split())
@@ -75,7 +77,7 @@ def main() -> None:
               "beam_size": args.beam_size}
     for name, copy in (("copy_unknown", True), ("no_copy_unknown", False)):
         outputs = translator.translate([s for s, _, _ in cases], beam_size=args.beam_size, copy_unknown=copy)
-        around = [_without(o, spans) for o, (_, _, spans) in zip(outputs, cases)]
+        around = [without_spans(o, spans) for o, (_, _, spans) in zip(outputs, cases)]
         once = sum(o.count(span) == spans.count(span) for o, (_, _, spans) in zip(outputs, cases) for span in spans)
         result[name] = {"chrf_around": round(sacrebleu.corpus_chrf(around, [clean]).score, 1),
                         "spans_once_pct": round(100 * once / result["spans"], 1),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -21,6 +23,11 @@ def tiny_config(**changes) -> TransformerConfig:
 def tiny_model(seed: int = 0, **changes) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(tiny_config(**changes)).eval()
+
+
+def longest_run(tokens: list) -> int:
+    """The length of the longest run of one token in `tokens` (0 for none)."""
+    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)
 
 
 def random_tokens(batch: int, length: int, vocab: int, lengths: list[int] | None = None, seed: int = 0):

@@ -1,7 +1,6 @@
 """Export to CTranslate2 and decoding with it: the same translations as our decoder, from the same CLI."""
 
 import gzip
-import itertools
 import json
 import logging
 import math
@@ -9,6 +8,7 @@ import math
 import pytest
 import sacrebleu
 
+from tests.conftest import longest_run
 from transformer.cli import main
 
 ct2 = pytest.importorskip("ctranslate2")  # installed by `make install` (the [ct2] extra); CI runs these
@@ -85,10 +85,6 @@ def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_su
         assert len(same) >= 25 and all(abs(x - y) < 1e-4 for x, y in same), (beam_size, alpha, same)
 
 
-def _longest_run(tokens: list) -> int:
-    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)
-
-
 def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(exported, trained_run, multi30k_subset):
     """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences);
     this briefly trained model loops on some lines without the limit."""
@@ -99,12 +95,12 @@ def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(exported, trained
     ours, theirs = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt"), CTranslate2Translator(exported)
     src_ids = ours.tokenizer.encode_src(src)
     free = ours.decode_ids(src_ids, ours.decoding_options(beam_size=1, max_repeat=0))
-    assert sum(_longest_run(hyps[0].tokens) > 3 for hyps in free) >= 3
+    assert sum(longest_run(hyps[0].tokens) > 3 for hyps in free) >= 3
     for beam_size in (1, 4):
         limited = ours.decode_ids(src_ids, ours.decoding_options(beam_size=beam_size))  # the default, 3
-        assert max(_longest_run(hyps[0].tokens) for hyps in limited) <= 3
+        assert max(longest_run(hyps[0].tokens) for hyps in limited) <= 3
         theirs_limited = theirs.translate(src, beam_size=beam_size)
-        assert max(_longest_run(ours.tokenizer.encode_tgt([t])[0]) for t in theirs_limited) <= 3
+        assert max(longest_run(ours.tokenizer.encode_tgt([t])[0]) for t in theirs_limited) <= 3
     assert theirs.translate(src, beam_size=1) == ours.translate(src, beam_size=1)
     assert theirs.translate(src, beam_size=1, max_repeat=0) == ours.translate(src, beam_size=1, max_repeat=0)
 

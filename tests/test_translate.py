@@ -2,7 +2,6 @@
 
 import dataclasses
 import gzip
-import itertools
 import logging
 import threading
 import time
@@ -11,6 +10,7 @@ import unicodedata
 import pytest
 import torch
 
+from tests.conftest import longest_run
 from transformer import Translator
 from transformer.config import ConfigError
 
@@ -174,11 +174,7 @@ def test_no_output_loops_on_one_piece_in_float32_or_int8(trained_run, multi30k_s
         translator = Translator.from_checkpoint(path, quantization=quantization)
         src_ids = translator.tokenizer.encode_src(lines)
         free = translator.decode_ids(src_ids, translator.decoding_options(beam_size=1, max_repeat=0))
-        assert sum(_longest_run(hyps[0].tokens) >= 5 for hyps in free) >= 3, quantization  # the test can fail
+        assert sum(longest_run(hyps[0].tokens) >= 5 for hyps in free) >= 3, quantization  # the test can fail
         for beam_size in (1, 4):
             limited = translator.decode_ids(src_ids, translator.decoding_options(beam_size=beam_size))
-            assert max(_longest_run(hyps[0].tokens) for hyps in limited) <= 3, (quantization, beam_size)
-
-
-def _longest_run(tokens: list[int]) -> int:
-    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)
+            assert max(longest_run(hyps[0].tokens) for hyps in limited) <= 3, (quantization, beam_size)

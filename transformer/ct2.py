@@ -236,20 +236,19 @@ class CTranslate2Translator:
             logger.warning("CTranslate2 ranks beam hypotheses by log-probability / |Y|^%g, our decoder by / ((5 + |Y|) "
                            "/ 6)^%g: beam outputs differ from the .pt checkpoint's on some sentences (measured in "
                            "docs/decoding.md, CTranslate2 export)", opts.length_penalty, opts.length_penalty)
-        if opts.copy_unknown:  # no attention to align with: spans go back at their relative positions
-            return with_passthrough(self._passthrough, sentences, prefixes,
-                                    lambda texts: self._translate_n_best(texts, opts, scores, prefixes))[0]
-        return self._translate_n_best(sentences, opts, scores, prefixes)
+        # no attention to align with: copied spans go back at their relative positions
+        return with_passthrough(self._passthrough, sentences, prefixes,
+                                lambda texts, ids: self._translate_n_best(texts, ids, opts, scores, prefixes),
+                                opts.copy_unknown)[0]
 
-    def _translate_n_best(self, sentences: list[str], opts: DecodingConfig, scores: bool,
+    def _translate_n_best(self, texts: list[str], ids: list[list[int]], opts: DecodingConfig, scores: bool,
                           prefixes: Optional[list[Optional[str]]]) -> list[list[tuple[str, float]]]:
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in sentences]
-        texts = [s.strip() for s in sentences]
+        """`translate_n_best` of stripped sentences and their source ids (`Tokenizer.src_ids`)."""
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in texts]
         kept = [i for i, t in enumerate(texts) if t]
         limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
         tokenizer = self.tokenizer
-        pieces = {i: [tokenizer.id_to_piece(t, "src") for t in ids[:limit]]
-                  for i, ids in zip(kept, tokenizer.src_ids([texts[i] for i in kept]))}
+        pieces = {i: [tokenizer.id_to_piece(t, "src") for t in ids[i][:limit]] for i in kept}
         targets = {i: [tokenizer.id_to_piece(t) for t in tokenizer.tgt_ids([prefixes[i]])[0]]
                    if prefixes is not None and prefixes[i] and prefixes[i].strip() else None for i in kept}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`

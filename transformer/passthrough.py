@@ -100,14 +100,16 @@ class PassThrough:
             self._unknown[cluster] = not cluster.isspace() and UNK_ID in self.tokenizer.encode_src([cluster])[0]
         return self._unknown[cluster]
 
-    def protect(self, sentences: list[str]) -> list[Optional[Protected]]:
-        """Per sentence, the sentence without its spans, or None when it has none (most sentences: only those
-        whose encoding holds `unk` are looked at character by character)."""
-        out: list[Optional[Protected]] = [None] * len(sentences)
-        for i, ids in enumerate(self.tokenizer.encode_src([s.strip() for s in sentences])):
-            if UNK_ID in ids:
-                out[i] = self._protect_one(sentences[i].strip())
-        return out
+    def protect(self, sentences: list[str], ids: list[list[int]]) -> list[Optional[Protected]]:
+        """Per sentence, the sentence without its spans, or None when it has none.
+
+        Args:
+            sentences: stripped sentences.
+            ids: their source ids (`Tokenizer.src_ids`): only a sentence whose ids hold `unk` is looked at
+                character by character.
+        """
+        return [self._protect_one(sentence) if UNK_ID in sentence_ids else None
+                for sentence, sentence_ids in zip(sentences, ids)]
 
     def _protect_one(self, sentence: str) -> Optional[Protected]:
         kept: list[str] = []  # the words translated
@@ -183,22 +185,32 @@ class PassThrough:
         return out
 
 
+NBestFn = Callable[[list[str], list[list[int]]], list[list[tuple[str, float]]]]
+"""`(stripped sentences, their source ids) -> per sentence, the (text, score) hypotheses`."""
+
+
 def with_passthrough(passthrough: PassThrough, sentences: list[str], prefixes: Optional[list[Optional[str]]],
-                     translate_n_best: Callable[[list[str]], list[list[tuple[str, float]]]],
+                     translate_n_best: NBestFn, copy_unknown: bool = True,
                      align: Optional[Callable[[list[str], list[str]], list[list[tuple[int, int]]]]] = None
                      ) -> tuple[list[list[tuple[str, float]]], int]:
-    """`translate_n_best(sentences)` with each sentence's spans taken out before and put back into each of its
-    hypotheses after, aligned with `align` (None: relative positions).
+    """`translate_n_best` of the stripped sentences and their source ids (each sentence encoded once), with, if
+    `copy_unknown`, each sentence's spans taken out before and put back into each of its hypotheses after, aligned
+    with `align` (None: relative positions).
 
     Returns:
         (per sentence, the (text, score) hypotheses; the number of sentences that had spans).
     """
-    protected = passthrough.protect(sentences)
-    texts = [p.text if p else s for s, p in zip(sentences, protected)]
-    results = translate_n_best(texts)
+    texts = [s.strip() for s in sentences]
+    ids = passthrough.tokenizer.src_ids(texts)
+    if not copy_unknown:
+        return translate_n_best(texts, ids), 0
+    protected = passthrough.protect(texts, ids)
     touched = [i for i, p in enumerate(protected) if p is not None]
     if not touched:
-        return results, 0
+        return translate_n_best(texts, ids), 0
+    for i, new_ids in zip(touched, passthrough.tokenizer.src_ids([protected[i].text for i in touched])):
+        texts[i], ids[i] = protected[i].text, new_ids
+    results = translate_n_best(texts, ids)
     pairs = [(i, text) for i in touched for text, _ in results[i]]
     alignments = align([texts[i] for i, _ in pairs], [t for _, t in pairs]) if align else [None] * len(pairs)
     it = iter(alignments)

@@ -212,15 +212,14 @@ class Translator:
         prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
                                                     for p in prefixes]
 
-        def translate(texts: list[str]) -> list[list[tuple[str, float]]]:
-            src_ids, n_truncated = self._encode(texts)
+        def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
+            src_ids, n_truncated = self._with_eos(texts, ids)
             hypotheses = self.decode_ids(src_ids, options, scores=scores, prefix_ids=prefix_ids)
             self.stats.n_truncated = n_truncated
             return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
-        if not options.copy_unknown:
-            return translate(sentences)
-        results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, self.align)
+        results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, options.copy_unknown,
+                                             self.align)
         self.stats.n_copied_unknown = n_copied
         return results
 
@@ -265,26 +264,22 @@ class Translator:
             out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
         return out
 
-    def _encode(self, sentences: list[str]) -> tuple[list[Optional[list[int]]], int]:
-        """Source ids per sentence (None for empty input), truncated to max_positions with a warning; and the
-        number truncated."""
+    def _with_eos(self, texts: list[str], ids: list[list[int]]) -> tuple[list[Optional[list[int]]], int]:
+        """Per stripped sentence and its source ids (`Tokenizer.src_ids`), the ids with eos (None for an empty
+        sentence), truncated to max_positions with a warning; and the number truncated."""
         n_truncated = 0
         limit = self.decoder.config.max_positions
         out: list[Optional[list[int]]] = []
-        texts = [s.strip() for s in sentences]
-        encoded = self.tokenizer.encode_src([t for t in texts if t])
-        it = iter(encoded)
-        for i, text in enumerate(texts):
+        for i, (text, sentence_ids) in enumerate(zip(texts, ids)):
             if not text:
                 out.append(None)
                 continue
-            ids = next(it)
-            if len(ids) > limit:
+            if len(sentence_ids) + 1 > limit:
                 logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated",
-                               i + 1, len(ids), limit)
+                               i + 1, len(sentence_ids) + 1, limit)
                 n_truncated += 1
-                ids = ids[:limit - 1] + [EOS_ID]
-            out.append(ids)
+                sentence_ids = sentence_ids[:limit - 1]
+            out.append(sentence_ids + [EOS_ID])
         return out, n_truncated
 
     @torch.no_grad()

@@ -4,12 +4,10 @@ n-gram or has a run of one token longer than max_repeat, blocking never empties 
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
-from tests.conftest import random_tokens, tiny_model
+from tests.conftest import longest_run, random_tokens, tiny_model
 from tests.decoding.test_decoding import _src
 from transformer.config import EOS_ID, PAD_ID
 from transformer.decoding import beam_search, greedy_decode
@@ -110,23 +108,19 @@ def test_no_output_repeats_an_ngram(n):
         assert len(set(_ngrams(tokens, n))) == len(_ngrams(tokens, n)), tokens
 
 
-def _longest_run(tokens):
-    return max((len(list(run)) for _, run in itertools.groupby(tokens)), default=0)
-
-
 @pytest.mark.parametrize("max_repeat", [1, 2, 3])
 def test_no_output_has_a_run_longer_than_max_repeat(max_repeat):
     model = tiny_model(seed=5, tgt_vocab_size=12)
     src = random_tokens(6, 9, 23, lengths=[9, 8, 7, 9, 5, 6], seed=2)
     mask = src.eq(PAD_ID)
     plain = [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20)]
-    assert max(map(_longest_run, plain)) > 3  # this random model loops: the test can fail
+    assert max(map(longest_run, plain)) > 3  # this random model loops: the test can fail
     cap = dict(max_len_a=0.0, max_len_b=20, max_repeat=max_repeat)
     greedy = [h.tokens for h in greedy_decode(model, src, mask, **cap)]
     beam = [[h.tokens for h in hyps] for hyps in beam_search(model, src, mask, beam_size=4, n_best=4, **cap)]
     samples = [h.tokens for hyps in sample_decode(model, src, mask, n_samples=3, **cap) for h in hyps]
     for tokens in greedy + [t for hyps in beam for t in hyps] + samples:
-        assert _longest_run(tokens) <= max_repeat, tokens
+        assert longest_run(tokens) <= max_repeat, tokens
     # beam 1 is still greedy, and a limit no output reaches changes nothing
     assert [hyps[0].tokens for hyps in beam_search(model, src, mask, beam_size=1, **cap)] == greedy
     assert [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20, max_repeat=21)] == plain
@@ -135,9 +129,14 @@ def test_no_output_has_a_run_longer_than_max_repeat(max_repeat):
 
 
 def _blocked(prefix, max_repeat):
-    scores = torch.zeros(1, VOCAB)
-    block_long_runs_(scores, [prefix], max_repeat)
-    return torch.isinf(scores[0]).nonzero().flatten().tolist()
+    """The tokens blocked after `prefix`, the same from a list and from a tensor."""
+    blocked = []
+    for history in ([prefix], torch.tensor([prefix])):
+        scores = torch.zeros(1, VOCAB)
+        block_long_runs_(scores, history, max_repeat)
+        blocked.append(torch.isinf(scores[0]).nonzero().flatten().tolist())
+    assert blocked[0] == blocked[1], blocked
+    return blocked[0]
 
 
 def test_blocking_everything_still_ends_the_beam_with_eos():

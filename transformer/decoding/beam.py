@@ -98,10 +98,9 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len
     lprobs[:, BOS_ID] = float("-inf")
     if step < min_len:
         lprobs[:, EOS_ID] = float("-inf")
-    if no_repeat_ngram_size or max_repeat:
-        history = state.prefixes[:, 1:].tolist()
-        block_repeated_ngrams_(lprobs, history, no_repeat_ngram_size)
-        block_long_runs_(lprobs, history, max_repeat)
+    if no_repeat_ngram_size:
+        block_repeated_ngrams_(lprobs, state.prefixes[:, 1:].tolist(), no_repeat_ngram_size)
+    block_long_runs_(lprobs, state.prefixes[:, 1:], max_repeat)
     n_alive, beam_size = state.scores.shape
     if prefixes is not None:
         rows = [prefixes[i] for i in state.alive for _ in range(beam_size)]

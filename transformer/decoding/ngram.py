@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from ..config import EOS_ID
@@ -48,16 +49,25 @@ def block_repeated_ngrams_(scores: Tensor, prefixes: list[list[int]], n: int) ->
             scores[row, list(tokens)] = float("-inf")
 
 
-def block_long_runs_(scores: Tensor, prefixes: list[list[int]], max_repeat: int) -> None:
+def block_long_runs_(scores: Tensor, prefixes: list[list[int]] | Tensor, max_repeat: int) -> None:
     """Set `scores[row, t]` to -inf where row's last max_repeat tokens are all t (in place), so that no output has
     one token more than max_repeat times in a row.
 
     Args:
         scores: `(rows, vocab)` log-probabilities or logits.
-        prefixes: per row, the tokens generated so far (bos excluded).
+        prefixes: per row, the tokens generated so far (bos excluded): lists (greedy decoding and sampling keep
+            them), or a `(rows, steps)` tensor (beam search's), handled on its device without a copy to the host.
         max_repeat: the longest run allowed (0: any).
     """
     if max_repeat <= 0:
+        return
+    if isinstance(prefixes, Tensor):
+        if prefixes.size(1) < max_repeat:
+            return
+        tail = prefixes[:, -max_repeat:]  # (rows, max_repeat)
+        last = tail[:, -1:]  # (rows, 1)
+        run = (tail == last).all(1, keepdim=True) & (last != EOS_ID)
+        scores.scatter_(1, last, torch.where(run, float("-inf"), scores.gather(1, last)))
         return
     rows, tokens = [], []
     for row, prefix in enumerate(prefixes):

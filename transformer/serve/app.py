@@ -158,9 +158,8 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
     app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=lifespan,
                   description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
     app.state.batcher = batcher
-    _add_error_handlers(app, limits)
-    if limits.request_timeout_s:
-        app.add_middleware(_BodyDeadline, seconds=limits.request_timeout_s)
+    _add_error_handlers(app)
+    app.add_middleware(_BodyLimits, limits=limits)
 
     def options_for(body: DecodingRequest, n_best: Optional[int] = None) -> DecodingConfig:
         if body.beam_size is not None and not 1 <= body.beam_size <= limits.max_beam_size:
@@ -275,22 +274,35 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-BODY_TIMEOUT_KEY = "transformer_nmt.body_timeout_s"
-"""Set in a request's ASGI scope when its body did not arrive in time (`_BodyDeadline`)."""
+def _error(status: int, problems: list[tuple[Optional[str], str]]) -> JSONResponse:
+    """The JSON form of every refusal: the first problem's message and field, and all of them."""
+    return JSONResponse({"error": problems[0][1], "field": problems[0][0],
+                         "errors": [{"field": f, "message": m} for f, m in problems]}, status_code=status)
 
 
-class _BodyDeadline:
-    """ASGI middleware: a request whose body has not arrived `seconds` after the app started reading it gets 408
-    (`"field": "body"`); after the body, reading goes on unbounded (the disconnect watch of `_unless_disconnected`)."""
+class _BodyLimits:
+    """ASGI middleware for a request's body: refused from its Content-Length before it is read (411 for a POST
+    without one, 413 over `limits.max_request_bytes`); 408 if it has not arrived `limits.request_timeout_s` seconds
+    after the app started reading it (0: no limit). After the body, reading goes on unbounded (the disconnect watch
+    of `_unless_disconnected`)."""
 
-    def __init__(self, app: Any, seconds: float) -> None:
-        self.app, self.seconds = app, seconds
+    def __init__(self, app: Any, limits: ServeLimits) -> None:
+        self.app, self.limits = app, limits
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limits = self.limits
+        length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1") or None
+        if scope["method"] == "POST" and length is None:
+            return await _error(411, [("body", "a Content-Length header is required")])(scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > limits.max_request_bytes):
+            return await _error(413, [("body", f"request body of {length} bytes; at most {limits.max_request_bytes} "
+                                       "(serve --max-request-bytes)")])(scope, receive, send)
+        if not limits.request_timeout_s:
+            return await self.app(scope, receive, send)
         loop = asyncio.get_running_loop()
-        deadline, body_read = loop.time() + self.seconds, False
+        deadline, body_read = loop.time() + limits.request_timeout_s, False
 
         async def timed_receive() -> dict:
             nonlocal body_read
@@ -298,9 +310,9 @@ class _BodyDeadline:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:  # the framework may wrap this into its 400: the scope says what it was
-                scope[BODY_TIMEOUT_KEY] = self.seconds
-                raise HTTPException(408) from None
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"the body did not arrive within {limits.request_timeout_s:g} s (serve "
+                                         "--request-timeout)") from None
             body_read = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
@@ -354,42 +366,37 @@ def _field(location: tuple) -> Optional[str]:
     return str(parts[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
 
 
-def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
-    def error(status: int, problems: list[tuple[Optional[str], str]]) -> JSONResponse:
-        return JSONResponse({"error": problems[0][1], "field": problems[0][0],
-                             "errors": [{"field": f, "message": m} for f, m in problems]}, status_code=status)
+def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def refused(_: Request, err: RequestError) -> JSONResponse:
-        return error(err.status, [(err.field, err.message)])
+        return _error(err.status, [(err.field, err.message)])
 
     @app.exception_handler(ClientGone)
     async def gone(_: Request, err: ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it: the access log's record that the client left
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        """The framework's own refusals, in the same form: a body it cannot parse, an unknown path or method."""
-        if BODY_TIMEOUT_KEY in request.scope:
-            return error(408, [("body", f"the body did not arrive within {request.scope[BODY_TIMEOUT_KEY]:g} s "
-                                "(serve --request-timeout)")])
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        """The framework's own refusals, in the same form: a body it cannot parse or that did not arrive in time
+        (408), an unknown path or method."""
         if err.status_code == 400:  # the body is not UTF-8, or nested too deep to parse
-            return error(400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")])
+            return _error(400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")])
         field = {404: "path", 405: "method"}.get(err.status_code, "body")
-        return error(err.status_code, [(field, str(err.detail))])
+        return _error(err.status_code, [(field, str(err.detail))])
 
     @app.exception_handler(Exception)
     async def failed(request: Request, err: Exception) -> JSONResponse:
         """A fault of the server, never of the request: logged with its traceback, answered as JSON."""
         log.exception("%s %s failed", request.method, request.url.path)
-        return error(500, [(None, f"internal error ({type(err).__name__}); the server log has the details")])
+        return _error(500, [(None, f"internal error ({type(err).__name__}); the server log has the details")])
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = []
         for e in err.errors():
             if e["type"] == "json_invalid":
-                return error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
+                return _error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
             field = _field(tuple(e["loc"]))
             message = "unknown option" if e["type"] == "extra_forbidden" else e["msg"]
             if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
@@ -397,15 +404,4 @@ def _add_error_handlers(app: FastAPI, limits: ServeLimits) -> None:
             elif field == "text" and e["type"] == "list_type":
                 message = "expected a sentence (a string) or a list of sentences"
             problems.append((field, message))
-        return error(422, problems)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        """Refuse a body over max_request_bytes from its Content-Length, before it is read (a POST must say it)."""
-        length = request.headers.get("content-length")
-        if request.method == "POST" and length is None:
-            return error(411, [("body", "a Content-Length header is required")])
-        if length is not None and (not length.isdigit() or int(length) > limits.max_request_bytes):
-            return error(413, [("body", f"request body of {length} bytes; at most {limits.max_request_bytes} "
-                                "(serve --max-request-bytes)")])
-        return await call_next(request)
+        return _error(422, problems)

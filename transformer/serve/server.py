@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
@@ -81,6 +82,8 @@ class _HeaderDeadline(H11Protocol):
     it opened or after its previous answer (a client that stalls or trickles its headers)."""
 
     seconds: float = 30.0
+    _deadline: Optional[asyncio.TimerHandle] = None  # the pending close, while a request's headers are awaited
+    _waiting_after: Any = None  # the request cycle current when it was armed (a new request makes a new one)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -96,11 +99,11 @@ class _HeaderDeadline(H11Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._waiting_after = self.cycle  # a new request makes a new cycle
+        self._waiting_after = self.cycle
         self._deadline = self.loop.call_later(self.seconds, self._expire)
 
     def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
+        if self._deadline is not None:
             self._deadline.cancel()
         self._deadline = None
 
