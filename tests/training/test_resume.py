@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -286,3 +287,31 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_in_a_cpu_only_pr
                              "--beam-size", "4", *sentences], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == on_device and any(on_device)
+
+
+def test_resume_with_subword_sampling_sees_the_same_pieces(tmp_path, tiny_config, monkeypatch):
+    # data.subword_sampling: epoch 0 trains on the token cache, epoch 1 (from about step 15) on a sample built in the
+    # background. Interrupted in epoch 1, with its sample deleted, the resumed run encodes it again to the same ids
+    # and ends with the same weights as the uninterrupted run.
+    config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, subword_sampling=True))
+    full = train(config, tmp_path / "full")
+    assert full.epoch >= 1
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 17)
+        with pytest.raises(TrainingInterrupted, match="stopped at step 17"):
+            train(config, tmp_path / "resumed")
+    samples = tmp_path / "resumed" / "subword_samples"
+    assert (samples / "epoch_1" / "meta.json").exists()
+    shutil.rmtree(samples)
+    resumed = train(config, tmp_path / "resumed", resume=True)
+    assert resumed.step == full.step == 20 and resumed.epoch == full.epoch
+    a = load_checkpoint(tmp_path / "full" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-6, rtol=0, msg=name)
+    assert _train_losses(tmp_path / "full") == _train_losses(tmp_path / "resumed")
+    # The same config without sampling trains on other pieces in epoch 1: the losses part ways there.
+    plain = train(tiny_config, tmp_path / "plain")
+    assert _train_losses(tmp_path / "plain")[:3] == _train_losses(tmp_path / "full")[:3]  # epoch 0: the cache
+    assert _train_losses(tmp_path / "plain")[3:] != _train_losses(tmp_path / "full")[3:]
+    assert plain.step == 20

@@ -186,6 +186,18 @@ class DataConfig:
     """Token budget of one batch: padded source and padded target tokens are each at most this (§5.1)."""
     pool_factor: int = 100
     """Batches are cut from pools of pool_factor * (sentences per batch) pairs sorted by length."""
+    subword_sampling: bool = False
+    """Subword regularisation of the training split: every epoch after the first is encoded afresh with one random
+    segmentation per sentence (BPE-dropout for a bpe model, n-best sampling for a unigram one; the first epoch uses
+    the token cache), fixed by training.seed and the epoch so that a resumed run sees the same pieces. The next
+    epoch is encoded by a background process while the current one trains (`data/subword_sampling.py`). Validation
+    and test are always encoded deterministically."""
+    subword_alpha: float = 0.1
+    """With subword_sampling: for bpe, the probability of skipping each merge (BPE-dropout; 0.1 in Provilkov et al.
+    2020); for unigram, the exponent of the segmentation probabilities (Kudo 2018: P(x)^alpha)."""
+    subword_nbest_size: int = 16
+    """With subword_sampling and a unigram model: sample from the best N segmentations of each sentence. Not used
+    by bpe."""
     valid_max_sentences: int = 0
     """Use only the first N validation pairs for BLEU during training (0: all)."""
     cache_dir: Optional[str] = None
@@ -205,6 +217,11 @@ class DataConfig:
         _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type",
                  f"must be 'bpe' or 'unigram', got {self.spm_model_type!r}")
         _require(self.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0")
+        _require(0.0 < self.subword_alpha <= 1.0 if self.spm_model_type == "bpe" else self.subword_alpha > 0.0,
+                 "data.subword_alpha", f"must be in (0, 1] for a bpe model (the merge dropout probability) and > 0 for "
+                 f"a unigram model, got {self.subword_alpha}")
+        _require(self.subword_nbest_size >= 2, "data.subword_nbest_size",
+                 f"must be at least 2 (segmentations to sample from), got {self.subword_nbest_size}")
         _require(self.path is not None or self.hf_dataset is not None, "data.path",
                  "set data.path (a local folder) or data.hf_dataset (a Hugging Face dataset id)")
 

@@ -43,7 +43,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import Any, Optional
@@ -287,13 +287,19 @@ def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) 
     return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1])
 
 
+ChunkEncoder = Callable[[int, list[str], list[str]], tuple[list[list[int]], list[list[int]]]]
+"""(chunk number, source texts, target texts) -> (source ids, target ids), without eos: how a chunk is encoded."""
+
+
 def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, folder: Path, spec: dict[str, Any],
-                      threads: int = 0, chunk_size: int = 50_000) -> dict[str, Any]:
+                      threads: int = 0, chunk_size: int = 50_000, encode: Optional[ChunkEncoder] = None,
+                      progress: bool = True, label: str = "token cache") -> dict[str, Any]:
     """Encode `source` into a new cache at `folder` (see the module docstring for the layout).
 
     Pairs with an empty side, a source longer than max_len tokens (eos included) or a target longer than
     max_len - 1 pieces (so that target + eos fits) are dropped and counted. Both sides are encoded by
-    sentencepiece with `threads` threads, `chunk_size` pairs at a time; a tqdm bar shows the progress.
+    sentencepiece with `threads` threads (or by `encode`, given the chunk's number), `chunk_size` pairs at a time;
+    a tqdm bar shows the progress unless `progress` is False. `label` names the result in the log.
 
     Returns:
         The meta.json record.
@@ -303,6 +309,9 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
         TokenCacheError: writing failed (e.g. a full disk); the temporary folder is removed.
     """
     threads = threads or len(os.sched_getaffinity(0))
+    if encode is None:
+        def encode(_: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+            return tokenizer.src_ids(src, num_threads=threads), tokenizer.tgt_ids(tgt, num_threads=threads)
     vocab = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     tmp = folder.with_name(f".{folder.name}.tmp")
@@ -311,7 +320,7 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
     start = time.perf_counter()
     try:
         tmp.mkdir(parents=True)
-        counts = _encode_into(tmp, source, tokenizer, max_len, dtype, threads, chunk_size)
+        counts = _encode_into(tmp, source, encode, max_len, dtype, chunk_size, progress)
         n_bytes = sum(p.stat().st_size for p in tmp.iterdir())
         meta = {"spec": spec, "origin": source.origin, "dtype": dtype.name, **counts, "bytes": n_bytes,
                 "build_seconds": round(time.perf_counter() - start, 1),
@@ -324,9 +333,9 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
             raise TokenCacheError(f"building the token cache {folder} failed: {err}; nothing was kept "
                                   "(free disk space or set data.cache_dir, then start again)") from err
         raise
-    logger.info("token cache: kept %d of %d pairs; dropped %d with an empty side and %d longer than "
+    logger.info("%s: kept %d of %d pairs; dropped %d with an empty side and %d longer than "
                 "data.max_len=%d tokens; %d source tokens (eos included) + %d target pieces stored; %.1f MB on disk; "
-                "built in %.0f s",
+                "built in %.0f s", label,
                 meta["n_pairs"], meta["n_read"], meta["dropped_empty"], meta["dropped_too_long"], max_len,
                 meta["src_tokens"], meta["tgt_tokens"], n_bytes / 1e6, meta["build_seconds"])
     return meta
@@ -339,18 +348,17 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _encode_into(folder: Path, source: SplitSource, tokenizer: Tokenizer, max_len: int, dtype: np.dtype,
-                 threads: int, chunk_size: int) -> dict[str, int]:
+def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_len: int, dtype: np.dtype,
+                 chunk_size: int, progress: bool) -> dict[str, int]:
     n_read = n_empty = n_long = 0
     src_lengths: list[np.ndarray] = []
     tgt_lengths: list[np.ndarray] = []
     total, unit = source.progress()
     with open(folder / "src_ids.bin", "wb") as src_file, open(folder / "tgt_ids.bin", "wb") as tgt_file, \
             tqdm(total=total, unit=unit, unit_scale=True, desc="token cache", mininterval=2.0,
-                 dynamic_ncols=True) as bar:
-        for src_texts, tgt_texts in source.chunks(chunk_size):
-            src = tokenizer.src_ids(src_texts, num_threads=threads)
-            tgt = tokenizer.tgt_ids(tgt_texts, num_threads=threads)
+                 dynamic_ncols=True, disable=not progress) as bar:
+        for chunk, (src_texts, tgt_texts) in enumerate(source.chunks(chunk_size)):
+            src, tgt = encode(chunk, src_texts, tgt_texts)
             src_len = np.fromiter(map(len, src), np.int64, len(src))  # pieces, without eos
             tgt_len = np.fromiter(map(len, tgt), np.int64, len(tgt))
             empty = (src_len == 0) | (tgt_len == 0)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
 from ..config import Config, ConfigError, check_trainable
 from ..data import EncodedPairs, get_token_cache, load_split, open_split, token_batches
+from ..data.subword_sampling import SAMPLES_FOLDER, SampledEpochs
+from ..data.token_cache import cache_spec
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distributed import Distributed
 
@@ -118,6 +120,38 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
     logger.info("train: %d pairs (%d source + %d target tokens, eos included on both sides)", len(train),
                 int(train.src_lengths.sum()), int(train.tgt_lengths.sum()))
     return tokenizer, train, valid
+
+
+class CacheEpochs:
+    """Every epoch trains on the token cache (data.subword_sampling off); `SampledEpochs` is the other kind."""
+
+    def __init__(self, cache: EncodedPairs) -> None:
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def epoch(self, epoch: int) -> EncodedPairs:
+        return self.cache
+
+    def close(self) -> None:
+        pass
+
+
+def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: EncodedPairs,
+                    dist: Optional[Distributed] = None) -> Union[CacheEpochs, SampledEpochs]:
+    """The training pairs of each epoch (`.epoch(e)`): the token cache, or with data.subword_sampling a fresh
+    sample for every epoch after the first (`data/subword_sampling.py`; local rank 0 of each machine builds them)."""
+    if not config.data.subword_sampling:
+        return CacheEpochs(cache)
+    dist = dist or Distributed()
+    data = config.data
+    spec = cache_spec(open_split(data, data.train_split), tokenizer, data)
+    logger.info("subword sampling (data.subword_sampling): %s, alpha %g%s; every epoch after the first is encoded "
+                "afresh in %s", "BPE-dropout" if data.spm_model_type == "bpe" else "unigram sampling",
+                data.subword_alpha, f", nbest_size {data.subword_nbest_size}" if data.spm_model_type == "unigram" else "",
+                run_dir / SAMPLES_FOLDER)
+    return SampledEpochs(cache, spec, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0)
 
 
 def epoch_batches(pairs: EncodedPairs, config: Config, epoch: int) -> list[np.ndarray]:

@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -38,12 +38,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..config import Config, ConfigError, save_config
-from ..data import Batch, EncodedPairs
+from ..data import Batch
+from ..data.subword_sampling import SampledEpochs
 from ..device import resolve_device, resolve_precision
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
-from .data import ValidationSet, epoch_batches, prepare_data
+from .data import CacheEpochs, ValidationSet, epoch_batches, prepare_data, training_epochs
 from .distributed import Distributed, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
@@ -63,13 +64,14 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
     pin = run.device.type == "cuda"
     while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
-        batches = epoch_batches(data, run.config, state.epoch)
+        pairs = data.epoch(state.epoch)  # the token cache, or this epoch's subword sample
+        batches = epoch_batches(pairs, run.config, state.epoch)
         while state.batch_in_epoch < len(batches) and state.step < training.max_steps:
             update = _next_update(run, batches, state)  # the batches of one update, over all processes
             if update is None:
                 break
-            n_tokens = int(sum(data.tgt_lengths[indices].sum() for indices in update))  # over all processes
-            my_share = [data.batch(indices) for indices in update[dist.rank::dist.world_size]]
+            n_tokens = int(sum(pairs.tgt_lengths[indices].sum() for indices in update))  # over all processes
+            my_share = [pairs.batch(indices) for indices in update[dist.rank::dist.world_size]]
             my_share = [(b.pin_memory() if pin else b).to(run.device) for b in my_share]
             set_lr(run.optimizer, learning_rate(state.step + 1, training, run.config.model.d_model))
             result = train_step(run.module, run.optimizer, my_share, run.config, n_tokens, dist.world_size, run.scaler)
@@ -155,7 +157,8 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
     device = _setup(config, dist)
     if init is not None and resume:
         raise ConfigError("--init-from starts a new run; --resume continues one from its own last.pt")
-    tokenizer, train_data, valid_data = prepare_data(config, run_dir, dist, init.tokenizer if init else None)
+    tokenizer, train_cache, valid_data = prepare_data(config, run_dir, dist, init.tokenizer if init else None)
+    train_data = training_epochs(config, run_dir, tokenizer, train_cache, dist)
     if dist.is_main:
         save_config(config, run_dir / "config.yaml")
     model = Transformer(config.model)
@@ -184,6 +187,7 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
                                           dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main) as bar:
             training_loop(run, state, stop, bar)
     finally:
+        train_data.close()
         if board is not None:
             board.close()
     return state
@@ -262,7 +266,8 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     scaler: Optional[torch.amp.GradScaler]
     tokenizer: Tokenizer
-    train_data: EncodedPairs
+    train_data: Union[CacheEpochs, SampledEpochs]
+    """The training pairs of each epoch (`.epoch(e)`): the token cache, or a subword sample per epoch."""
     valid_data: Optional[ValidationSet]
     """None on every process but rank 0."""
     config: Config
