@@ -14,8 +14,15 @@ import pytest
 
 from transformer.config import ConfigError, DataConfig
 from transformer.data import DataError, open_split
-from transformer.data.subword_sampling import (SAMPLES_FOLDER, SampledEpochs, SubwordSampler, _SentencePieceSide,
-                                               build_sample, sample_folder, sample_spec)
+from transformer.data.subword_sampling import (
+    SAMPLES_FOLDER,
+    SampledEpochs,
+    SubwordSampler,
+    _SentencePieceSide,
+    build_sample,
+    sample_folder,
+    sample_spec,
+)
 from transformer.data.token_cache import cache_spec, get_token_cache, open_token_cache
 from transformer.tokenizer import Tokenizer, train_tokenizer
 
@@ -94,7 +101,8 @@ def test_unigram_samples_come_from_the_n_best_and_a_large_alpha_picks_the_best(c
     side = _SentencePieceSide(unigram.tgt)
     rng = random.Random(0)
     for text in texts[:50]:
-        nbest = [[p.piece for p in n.pieces] for n in unigram.tgt.nbest_encode(text, nbest_size=4, out_type="proto").nbests]
+        nbests = unigram.tgt.nbest_encode(text, nbest_size=4, out_type="proto").nbests
+        nbest = [[p.piece for p in n.pieces] for n in nbests]
         assert side.nbest_sample(text, 4, 0.5, rng) in nbest
     greedy = [side.nbest_sample(text, 16, 1000.0, rng) for text in texts]
     assert greedy == best

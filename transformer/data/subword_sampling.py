@@ -42,7 +42,7 @@ import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import sentencepiece as spm
 

@@ -147,10 +147,9 @@ def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: 
     dist = dist or Distributed()
     data = config.data
     spec = cache_spec(open_split(data, data.train_split), tokenizer, data)
-    logger.info("subword sampling (data.subword_sampling): %s, alpha %g%s; every epoch after the first is encoded "
-                "afresh in %s", "BPE-dropout" if data.spm_model_type == "bpe" else "unigram sampling",
-                data.subword_alpha, f", nbest_size {data.subword_nbest_size}" if data.spm_model_type == "unigram" else "",
-                run_dir / SAMPLES_FOLDER)
+    kind = "BPE-dropout" if data.spm_model_type == "bpe" else f"unigram {data.subword_nbest_size}-best sampling"
+    logger.info("subword sampling (data.subword_sampling): %s, alpha %g; every epoch after the first is encoded "
+                "afresh in %s", kind, data.subword_alpha, run_dir / SAMPLES_FOLDER)
     return SampledEpochs(cache, spec, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0)
 
 
