@@ -126,24 +126,27 @@ class _SentencePieceSide:
 
     def _merge(self, word: str, alpha: float, rng: random.Random, draws: list[float]) -> list[str]:
         """BPE on one word's characters, best score first (leftmost on ties), skipping each merge with probability
-        alpha (a skipped pair is never merged); `draws` are the first random numbers to use."""
-        symbols, starts = list(word), list(range(len(word)))
-        dropped: set[tuple[int, int, int]] = set()
+        alpha (a skipped pair is never merged: its two symbols only change by merging with others); `draws` are the
+        first random numbers to use."""
+        scores, none = self.scores, -math.inf
+        symbols = list(word)
+        pair_scores = [scores.get(a + b, none) for a, b in zip(symbols, symbols[1:])]  # pair i: symbols i, i + 1
         draws.reverse()
-        while True:
-            best, best_score = -1, 0.0
-            for i in range(len(symbols) - 1):
-                score = self.scores.get(symbols[i] + symbols[i + 1])
-                if score is not None and (best < 0 or score > best_score) and \
-                        (starts[i], len(symbols[i]), len(symbols[i + 1])) not in dropped:
-                    best, best_score = i, score
-            if best < 0:
-                return symbols
+        while pair_scores:
+            best_score = max(pair_scores)
+            if best_score == none:
+                break
+            best = pair_scores.index(best_score)
             if (draws.pop() if draws else rng.random()) < alpha:
-                dropped.add((starts[best], len(symbols[best]), len(symbols[best + 1])))
+                pair_scores[best] = none
                 continue
             symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
-            del starts[best + 1]
+            del pair_scores[best]
+            if best > 0:
+                pair_scores[best - 1] = scores.get(symbols[best - 1] + symbols[best], none)
+            if best < len(pair_scores):
+                pair_scores[best] = scores.get(symbols[best] + symbols[best + 1], none)
+        return symbols
 
     def nbest_sample(self, text: str, nbest_size: int, alpha: float, rng: random.Random) -> list[str]:
         """One of the nbest_size best segmentations of `text`, drawn with probability ∝ P(segmentation)^alpha."""
