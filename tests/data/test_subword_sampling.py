@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, DataConfig
-from transformer.data import DataError, open_split
+from transformer.data import DataError, open_split, subword_sampling
 from transformer.data.subword_sampling import (
     SAMPLES_FOLDER,
     SampledEpochs,
@@ -113,7 +113,7 @@ def _build_in_subprocess(args):
     build_sample(open_split(data, "train"), Tokenizer.from_dict(tokenizer_state), data, 7, 3, folder, spec)
 
 
-def test_a_sample_depends_only_on_seed_and_epoch_not_on_the_process(corpus, bpe, tmp_path):
+def test_a_sample_depends_only_on_seed_and_epoch_not_on_the_process(corpus, bpe, tmp_path, monkeypatch):
     data = _data(corpus, tmp_path)
     spec = sample_spec(cache_spec(open_split(data, "train"), bpe, data), data, 7, 3)
     context = multiprocessing.get_context("spawn")
@@ -125,6 +125,15 @@ def test_a_sample_depends_only_on_seed_and_epoch_not_on_the_process(corpus, bpe,
     for x in (b, c):
         assert np.array_equal(a.src_ids, x.src_ids) and np.array_equal(a.tgt_ids, x.tgt_ids)
         assert np.array_equal(a.src_offsets, x.src_offsets)
+    # Chunks spread over 2 processes give the same sample as one process encoding them all.
+    monkeypatch.setattr(subword_sampling, "CHUNK_PAIRS", 500)
+    small = sample_spec(cache_spec(open_split(data, "train"), bpe, data), data, 7, 3)
+    build_sample(open_split(data, "train"), bpe, data, 7, 3, tmp_path / "one", small)
+    two_workers = dataclasses.replace(data, subword_workers=2)
+    build_sample(open_split(data, "train"), bpe, two_workers, 7, 3, tmp_path / "two", small)
+    one, two = (open_token_cache(tmp_path / name, small) for name in ("one", "two"))
+    assert np.array_equal(one.src_ids, two.src_ids) and np.array_equal(one.tgt_ids, two.tgt_ids)
+    monkeypatch.undo()
     other_epoch = sample_spec(cache_spec(open_split(data, "train"), bpe, data), data, 7, 4)
     build_sample(open_split(data, "train"), bpe, data, 7, 4, tmp_path / "epoch4", other_epoch)
     d = open_token_cache(tmp_path / "epoch4", other_epoch)

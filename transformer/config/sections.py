@@ -198,6 +198,9 @@ class DataConfig:
     subword_nbest_size: int = 16
     """With subword_sampling and a unigram model: sample from the best N segmentations of each sentence. Not used
     by bpe."""
+    subword_workers: int = 1
+    """With subword_sampling: processes that encode each epoch's sample (each takes one core). One is enough for
+    Multi30k; at WMT14 size a fast GPU finishes an epoch sooner than one process samples it (docs/training.md)."""
     valid_max_sentences: int = 0
     """Use only the first N validation pairs for BLEU during training (0: all)."""
     cache_dir: Optional[str] = None
@@ -220,6 +223,7 @@ class DataConfig:
         _require(0.0 < self.subword_alpha <= 1.0 if self.spm_model_type == "bpe" else self.subword_alpha > 0.0,
                  "data.subword_alpha", f"must be in (0, 1] for a bpe model (the merge dropout probability) and > 0 for "
                  f"a unigram model, got {self.subword_alpha}")
+        _require(self.subword_workers >= 1, "data.subword_workers", f"must be at least 1, got {self.subword_workers}")
         _require(self.subword_nbest_size >= 2, "data.subword_nbest_size",
                  f"must be at least 2 (segmentations to sample from), got {self.subword_nbest_size}")
         _require(self.path is not None or self.hf_dataset is not None, "data.path",

@@ -174,13 +174,13 @@ class LocalSplit(SplitSource):
                 if not s:
                     break
                 yield s, t
-            self._position = src.bytes_read
+            self._position, self._reader = src.bytes_read, None
 
     def progress(self) -> tuple[int, str]:
         return self.src_path.stat().st_size, "B"
 
     def position(self) -> int:
-        return self._reader.bytes_read if self._reader is not None else 0
+        return self._reader.bytes_read if self._reader is not None else self._position
 
 
 class HuggingFaceSplit(SplitSource):

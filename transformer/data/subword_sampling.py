@@ -41,6 +41,8 @@ import random
 import resource
 import shutil
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +192,36 @@ def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, se
         DataError: bad corpus files, or no pair left.
         TokenCacheError: the folder cannot be written (nothing is left behind).
     """
-    sampler = SubwordSampler(tokenizer, data)
-
-    def encode(chunk: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-        rng = random.Random(chunk_seed(seed, epoch, chunk))
-        return sampler.src_ids(src, rng), sampler.tgt_ids(tgt, rng)
+    def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+        if data.subword_workers == 1:
+            _init_chunk_worker(tokenizer.to_dict(), data, seed, epoch)
+            yield from (_encode_chunk(k, src, tgt) for k, (src, tgt) in enumerate(chunks))
+            return
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(data.subword_workers, _init_chunk_worker, (tokenizer.to_dict(), data, seed, epoch)) as pool:
+            pending: deque = deque()  # at most 2 chunks per process in flight: bounded memory
+            for k, (src, tgt) in enumerate(chunks):
+                pending.append(pool.apply_async(_encode_chunk, (k, src, tgt)))
+                if len(pending) >= 2 * data.subword_workers:
+                    yield pending.popleft().get()
+            while pending:
+                yield pending.popleft().get()
 
     return build_token_cache(source, tokenizer, data.max_len, folder, spec, threads=1, chunk_size=CHUNK_PAIRS,
                              encode=encode, progress=False, label=f"subword sample of epoch {epoch}")
+
+
+_chunk_worker: dict[str, Any] = {}
+
+
+def _init_chunk_worker(tokenizer_state: dict, data: DataConfig, seed: int, epoch: int) -> None:
+    _chunk_worker.update(sampler=SubwordSampler(Tokenizer.from_dict(tokenizer_state), data), seed=seed, epoch=epoch)
+
+
+def _encode_chunk(k: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Chunk k of the sample: its random stream is seeded by (seed, epoch, k) alone, whichever process encodes it."""
+    sampler, rng = _chunk_worker["sampler"], random.Random(chunk_seed(_chunk_worker["seed"], _chunk_worker["epoch"], k))
+    return sampler.src_ids(src, rng), sampler.tgt_ids(tgt, rng)
 
 
 def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int, epoch: int, folder: Path,
@@ -214,9 +238,10 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
         if (folder / "meta.json").exists():
             return
         build_sample(open_split(data, split), Tokenizer.from_dict(tokenizer_state), data, seed, epoch, folder, spec)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        (folder / "builder.json").write_text(json.dumps({"peak_rss_mb": round(usage.ru_maxrss / 1024),
-                                                         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}))
+        own, pool = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        (folder / "builder.json").write_text(json.dumps({
+            "peak_rss_mb": round(max(own.ru_maxrss, pool.ru_maxrss) / 1024),
+            "cpu_s": round(own.ru_utime + own.ru_stime + pool.ru_utime + pool.ru_stime, 1)}))
 
 
 class SampledEpochs:
@@ -302,7 +327,8 @@ class SampledEpochs:
         if epoch in self._workers or self._is_complete(folder, self._spec(epoch)):
             return
         context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads
-        process = context.Process(target=_build_worker, daemon=True, name=f"subword-sample-{epoch}",
+        process = context.Process(target=_build_worker, name=f"subword-sample-{epoch}",  # not daemonic: it may
+                                  # start data.subword_workers processes of its own; close() stops it
                                   args=(self.data, self.data.train_split, self.tokenizer.to_dict(), self.seed, epoch,
                                         folder, self._spec(epoch)))
         process.start()

@@ -287,8 +287,9 @@ def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) 
     return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1])
 
 
-ChunkEncoder = Callable[[int, list[str], list[str]], tuple[list[list[int]], list[list[int]]]]
-"""(chunk number, source texts, target texts) -> (source ids, target ids), without eos: how a chunk is encoded."""
+ChunkEncoder = Callable[[Iterator[tuple[list[str], list[str]]]], Iterator[tuple[list[list[int]], list[list[int]]]]]
+"""Maps the corpus's chunks (source texts, target texts), in order, to their (source ids, target ids) without eos, in
+the same order: how a cache's chunks are encoded."""
 
 
 def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, folder: Path, spec: dict[str, Any],
@@ -298,7 +299,7 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
 
     Pairs with an empty side, a source longer than max_len tokens (eos included) or a target longer than
     max_len - 1 pieces (so that target + eos fits) are dropped and counted. Both sides are encoded by
-    sentencepiece with `threads` threads (or by `encode`, given the chunk's number), `chunk_size` pairs at a time;
+    sentencepiece with `threads` threads (or by `encode`), `chunk_size` pairs at a time;
     a tqdm bar shows the progress unless `progress` is False. `label` names the result in the log.
 
     Returns:
@@ -310,8 +311,9 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
     """
     threads = threads or len(os.sched_getaffinity(0))
     if encode is None:
-        def encode(_: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-            return tokenizer.src_ids(src, num_threads=threads), tokenizer.tgt_ids(tgt, num_threads=threads)
+        def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+            for src, tgt in chunks:
+                yield tokenizer.src_ids(src, num_threads=threads), tokenizer.tgt_ids(tgt, num_threads=threads)
     vocab = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     tmp = folder.with_name(f".{folder.name}.tmp")
@@ -357,8 +359,7 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
     with open(folder / "src_ids.bin", "wb") as src_file, open(folder / "tgt_ids.bin", "wb") as tgt_file, \
             tqdm(total=total, unit=unit, unit_scale=True, desc="token cache", mininterval=2.0,
                  dynamic_ncols=True, disable=not progress) as bar:
-        for chunk, (src_texts, tgt_texts) in enumerate(source.chunks(chunk_size)):
-            src, tgt = encode(chunk, src_texts, tgt_texts)
+        for src, tgt in encode(source.chunks(chunk_size)):
             src_len = np.fromiter(map(len, src), np.int64, len(src))  # pieces, without eos
             tgt_len = np.fromiter(map(len, tgt), np.int64, len(tgt))
             empty = (src_len == 0) | (tgt_len == 0)
