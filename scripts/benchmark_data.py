@@ -3,6 +3,7 @@
 Usage:
     python ../shared/scale/make_corpus.py /tmp/c45m 4500000            # a WMT14-sized corpus (1.2 GB of text)
     python scripts/benchmark_data.py --corpus /tmp/c45m [--config configs/multi30k_de_en.yaml] [--nproc 2]
+        [--set data.subword_sampling=true [--wait-sample]]
 
 What it runs, each as a separate process as a user would (`--work` holds everything; it is emptied first):
 1. `transformer prepare` on the corpus: trains the tokenizer on a sample (data.spm_max_sentences), then builds the
@@ -13,6 +14,10 @@ What it runs, each as a separate process as a user would (`--work` holds everyth
    start of the command to its first and `--steps`-th update (the moment the metrics line appears); peak RSS
    (VmHWM) of every training process, and the largest anonymous (heap) and file-backed (mapped cache and
    libraries) parts of its resident memory, sampled every 0.1 s.
+
+With `--set data.subword_sampling=true --wait-sample`, training goes on after `--steps` updates until the background
+process has written epoch 1's sample (`data/subword_sampling.py`), and its build time, CPU seconds and peak memory are printed
+too (`sample_build_s`, `sample_cpu_s`, `sample_peak_rss_mb`, `sample_pairs`).
 
 Printed keys: pairs, cache_mb, tokenizer_s, cache_build_s, prepare_s, prepare_peak_rss_mb, first_update_s,
 last_update_s, train_peak_rss_mb (one per process), train_rss_anon_mb, train_rss_file_mb, fill (real target and
@@ -97,12 +102,21 @@ def _run_logged(cmd: list[str], env: dict[str, str], marker: str) -> tuple[float
     return marker_s, total, usage.ru_maxrss, "".join(lines)
 
 
+def config_with(args: argparse.Namespace, sets: list[str]):
+    sys.path.insert(0, str(ROOT))
+    from transformer.config import load_config
+
+    return load_config(ROOT / args.config, sets)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", required=True, help="folder from make_corpus.py")
     parser.add_argument("--config", default="configs/multi30k_de_en.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--work", help="work folder (default: /tmp/benchmark_data_<corpus name>); emptied first")
+    parser.add_argument("--wait-sample", action="store_true",
+                        help="with data.subword_sampling: wait for epoch 1's sample and print its cost")
     parser.add_argument("--nproc", type=int, default=1, help="training processes (torchrun when > 1)")
     parser.add_argument("--steps", type=int, default=3, help="updates to wait for before stopping training")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per training process")
@@ -146,6 +160,18 @@ def main() -> None:
         if steps and steps[-1] >= args.steps:
             last_s = time.perf_counter() - start
         time.sleep(0.05)
+    sample = {}
+    if args.wait_sample:
+        done = run_dir / "subword_samples" / "epoch_1" / "meta.json"
+        while process.poll() is None and not done.exists():
+            time.sleep(0.5)
+        if not done.exists():
+            sys.exit(f"training stopped before epoch 1's subword sample was written; see {work / 'train.log'}")
+        meta_1 = json.loads(done.read_text())
+        builder = json.loads((done.parent / "builder.json").read_text())
+        sample = {"sample_build_s": meta_1["build_seconds"], "sample_cpu_s": builder["cpu_s"],
+                  "sample_peak_rss_mb": builder["peak_rss_mb"], "sample_pairs": meta_1["n_pairs"],
+                  "sample_tgt_tokens": meta_1["tgt_tokens"], "cache_tgt_tokens": meta["tgt_tokens"]}
     time.sleep(0.3)
     monitor.running = False
     monitor.join()
@@ -155,12 +181,10 @@ def main() -> None:
         sys.exit(f"training stopped before update {args.steps}; see {work / 'train.log'}")
 
     # Batch fill at the recipe's budget: real tokens per batch over max_tokens_per_batch.
-    sys.path.insert(0, str(ROOT))
-    from transformer.config import load_config
     from transformer.data.token_cache import open_token_cache
     from transformer.training.data import epoch_batches
 
-    config = load_config(ROOT / args.config, sets)
+    config = config_with(args, sets)
     pairs = open_token_cache(cache)
     batches = epoch_batches(pairs, config, epoch=0)
     budget = config.data.max_tokens_per_batch * len(batches)
@@ -176,7 +200,7 @@ def main() -> None:
         "train_peak_rss_mb": [round(p.get("VmHWM", 0) / 1024) for p in peaks],
         "train_rss_anon_mb": [round(p.get("RssAnon", 0) / 1024) for p in peaks],
         "train_rss_file_mb": [round(p.get("RssFile", 0) / 1024) for p in peaks],
-        "fill": fill, "max_tokens_per_batch": config.data.max_tokens_per_batch, "config": args.config,
+        **sample, "fill": fill, "max_tokens_per_batch": config.data.max_tokens_per_batch, "config": args.config,
         "overrides": args.set}))
 
 
