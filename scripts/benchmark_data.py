@@ -15,9 +15,9 @@ What it runs, each as a separate process as a user would (`--work` holds everyth
    (VmHWM) of every training process, and the largest anonymous (heap) and file-backed (mapped cache and
    libraries) parts of its resident memory, sampled every 0.1 s.
 
-With `--set data.subword_sampling=true --wait-sample`, training goes on after `--steps` updates until the background
-process has written epoch 1's sample (`data/subword_sampling.py`), and its build time, CPU seconds and peak memory are printed
-too (`sample_build_s`, `sample_cpu_s`, `sample_peak_rss_mb`, `sample_pairs`).
+With `--set data.subword_sampling=true --wait-sample`, training goes on after `--steps` updates until the
+background process has written epoch 1's sample (`data/subword_sampling.py`); its build time, CPU seconds and
+peak memory are printed too (`sample_build_s`, `sample_cpu_s`, `sample_peak_rss_mb`, `sample_pairs`).
 
 Printed keys: pairs, cache_mb, tokenizer_s, cache_build_s, prepare_s, prepare_peak_rss_mb, first_update_s,
 last_update_s, train_peak_rss_mb (one per process), train_rss_anon_mb, train_rss_file_mb, fill (real target and
