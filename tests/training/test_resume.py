@@ -201,7 +201,8 @@ def stopped_run(tmp_path, tiny_config, monkeypatch):
 
 @pytest.mark.parametrize("key, value", [("model.d_model", 64), ("training.lr_scale", 3.0),
                                         ("training.seed", 99), ("data.max_tokens_per_batch", 4096),
-                                        ("training.accumulate_steps", 2), ("data.vocab_size", 400)])
+                                        ("training.accumulate_steps", 2), ("data.vocab_size", 400),
+                                        ("data.subword_sampling", True), ("data.subword_alpha", 0.2)])
 def test_resume_refuses_a_change_that_would_alter_the_run(stopped_run, key, value):
     config, run_dir = stopped_run
     section, name = key.split(".")

@@ -124,6 +124,7 @@ RESUME_MAY_CHANGE = {
     "training.tensorboard": "TensorBoard logs on or off from the resumed step on",
     "training.deterministic": "deterministic kernels on or off from the resumed step on",
     "data.cache_dir": "the token cache is looked for (or rebuilt, with the same contents) in the new folder",
+    "data.subword_workers": "the next subword samples are encoded by the new number of processes (to the same ids)",
     "data.valid_max_sentences": "validation BLEU on the new number of sentences (best_bleu so far was measured on "
                                 "the old number)",
     "decoding.*": "decoding defaults of the checkpoints written from now on (validation decodes greedily)",
