@@ -64,3 +64,12 @@ def test_wmt14_recipe_trains_a_few_steps(tmp_path, wmt_slice, name):
     saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert saved["config"]["model"]["d_model"] == load_config(ROOT / f"configs/{name}.yaml").model.d_model
     assert saved["train_state"]["step"] == steps
+
+
+def test_multi30k_recipes_differ_only_in_direction():
+    de_en, en_de = (load_config(ROOT / f"configs/multi30k_{pair}.yaml").to_dict() for pair in ("de_en", "en_de"))
+    assert (de_en["data"].pop("src_lang"), de_en["data"].pop("tgt_lang")) == ("de", "en")
+    assert (en_de["data"].pop("src_lang"), en_de["data"].pop("tgt_lang")) == ("en", "de")
+    assert de_en == en_de
+    training = de_en["training"]
+    assert de_en["data"]["subword_sampling"] and training["max_steps"] % training["eval_every_steps"] == 0
