@@ -195,7 +195,7 @@ def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, se
     def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
         if data.subword_workers == 1:
             _init_chunk_worker(tokenizer.to_dict(), data, seed, epoch)
-            yield from (_encode_chunk(k, src, tgt) for k, (src, tgt) in enumerate(chunks))
+            yield from (_encode_chunk(k, src, tgt)[:2] for k, (src, tgt) in enumerate(chunks))
             return
         context = multiprocessing.get_context("spawn")
         with context.Pool(data.subword_workers, _init_chunk_worker, (tokenizer.to_dict(), data, seed, epoch)) as pool:
@@ -203,9 +203,9 @@ def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, se
             for k, (src, tgt) in enumerate(chunks):
                 pending.append(pool.apply_async(_encode_chunk, (k, src, tgt)))
                 if len(pending) >= 2 * data.subword_workers:
-                    yield pending.popleft().get()
+                    yield _collect(pending.popleft().get())
             while pending:
-                yield pending.popleft().get()
+                yield _collect(pending.popleft().get())
 
     return build_token_cache(source, tokenizer, data.max_len, folder, spec, threads=1, chunk_size=CHUNK_PAIRS,
                              encode=encode, progress=False, label=f"subword sample of epoch {epoch}")
@@ -218,10 +218,27 @@ def _init_chunk_worker(tokenizer_state: dict, data: DataConfig, seed: int, epoch
     _chunk_worker.update(sampler=SubwordSampler(Tokenizer.from_dict(tokenizer_state), data), seed=seed, epoch=epoch)
 
 
-def _encode_chunk(k: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-    """Chunk k of the sample: its random stream is seeded by (seed, epoch, k) alone, whichever process encodes it."""
+def _encode_chunk(k: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]], int]:
+    """Chunk k of the sample (its random stream is seeded by (seed, epoch, k) alone, whichever process encodes it),
+    and this process's peak resident memory in kB."""
     sampler, rng = _chunk_worker["sampler"], random.Random(chunk_seed(_chunk_worker["seed"], _chunk_worker["epoch"], k))
-    return sampler.src_ids(src, rng), sampler.tgt_ids(tgt, rng)
+    return sampler.src_ids(src, rng), sampler.tgt_ids(tgt, rng), _peak_rss_kb()
+
+
+def _collect(result: tuple[list[list[int]], list[list[int]], int]) -> tuple[list[list[int]], list[list[int]]]:
+    _chunk_worker["pool_peak_rss_kb"] = max(_chunk_worker.get("pool_peak_rss_kb", 0), result[2])
+    return result[0], result[1]
+
+
+def _peak_rss_kb() -> int:
+    """VmHWM of this process (since its exec: getrusage's maxrss would count the forked parent's pages)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int, epoch: int, folder: Path,
@@ -240,7 +257,7 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
         build_sample(open_split(data, split), Tokenizer.from_dict(tokenizer_state), data, seed, epoch, folder, spec)
         own, pool = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         (folder / "builder.json").write_text(json.dumps({
-            "peak_rss_mb": round(max(own.ru_maxrss, pool.ru_maxrss) / 1024),
+            "peak_rss_mb": round(max(_peak_rss_kb(), _chunk_worker.get("pool_peak_rss_kb", 0)) / 1024),
             "cpu_s": round(own.ru_utime + own.ru_stime + pool.ru_utime + pool.ru_stime, 1)}))
 
 
