@@ -153,7 +153,7 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
         two = epochs.epoch(2)
         assert not sample_folder(run_dir, 1).exists() and (sample_folder(run_dir, 2) / "meta.json").exists()
         assert not np.array_equal(one.tgt_ids[:1000], two.tgt_ids[:1000])
-        deadline = time.time() + 60
+        deadline = time.time() + 300
         while not (sample_folder(run_dir, 3) / "meta.json").exists() and time.time() < deadline:
             time.sleep(0.2)  # epoch 3 is built ahead, without being asked for
         assert (sample_folder(run_dir, 3) / "meta.json").exists()
