@@ -98,7 +98,7 @@ class SubwordSampler:
 
 
 class _SentencePieceSide:
-    """One sentencepiece model with what sampling needs: piece scores and ids, and a cache of word segmentations."""
+    """One sentencepiece model with what sampling needs: its pieces' scores and ids."""
 
     def __init__(self, sp: spm.SentencePieceProcessor) -> None:
         self.sp = sp
@@ -279,7 +279,7 @@ class SampledEpochs:
                  seed: int, run_dir: Path, build: bool = True) -> None:
         self.cache, self.cache_spec, self.data, self.tokenizer = cache, cache_spec, data, tokenizer
         self.seed, self.run_dir, self.build = seed, run_dir, build
-        self._workers: dict[int, tuple[multiprocessing.process.BaseProcess, float]] = {}
+        self._workers: dict[int, multiprocessing.process.BaseProcess] = {}
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -299,7 +299,7 @@ class SampledEpochs:
 
     def close(self) -> None:
         """Stop a background build still running (its temporary folder is removed)."""
-        for epoch, (process, _) in list(self._workers.items()):
+        for epoch, process in list(self._workers.items()):
             if process.is_alive():
                 process.terminate()
             process.join()
@@ -317,7 +317,7 @@ class SampledEpochs:
             shutil.rmtree(folder, ignore_errors=True)  # left by a run with other settings
             self._start(epoch)
         if epoch in self._workers:
-            process, started = self._workers.pop(epoch)
+            process = self._workers.pop(epoch)
             process.join()
             if process.exitcode != 0:
                 raise DataError(f"the background process that encodes epoch {epoch}'s subword sample "
@@ -349,7 +349,7 @@ class SampledEpochs:
                                   args=(self.data, self.data.train_split, self.tokenizer.to_dict(), self.seed, epoch,
                                         folder, self._spec(epoch)))
         process.start()
-        self._workers[epoch] = (process, time.perf_counter())
+        self._workers[epoch] = process
 
     def _remove_before(self, epoch: int) -> None:
         root = self.run_dir / SAMPLES_FOLDER
