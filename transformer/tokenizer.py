@@ -33,7 +33,7 @@ class TokenizerError(ValueError):
     """A tokenizer cannot be trained with the requested settings, or a saved one cannot be read."""
 
 
-def _split_language_code(text: str) -> tuple[list[str], str]:
+def split_language_code(text: str) -> tuple[list[str], str]:
     """A leading `>>xx<<` target-language token as its own piece, and the rest of the text (as Marian's tokenizer)."""
     end = text.find("<<") if text.startswith(">>") else -1
     return ([text[:end + 2]], text[end + 2:]) if end != -1 else ([], text)
@@ -100,17 +100,18 @@ class Tokenizer:
         """Source token ids of each text, without eos."""
         if self.vocab is None:
             return self.src.encode(texts, out_type=int, num_threads=num_threads)
-        codes, rests = zip(*map(_split_language_code, texts)) if texts else ((), ())
+        codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self.src.encode(list(rests), out_type=str, num_threads=num_threads)
-        return [self._lookup(code + p) for code, p in zip(codes, pieces)]
+        return [self.piece_ids(code + p) for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """Target token ids of each text, without bos/eos."""
         if self.vocab is None:
             return self.tgt.encode(texts, out_type=int, num_threads=num_threads)
-        return [self._lookup(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)]
+        return [self.piece_ids(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)]
 
-    def _lookup(self, pieces: list[str]) -> list[int]:
+    def piece_ids(self, pieces: list[str]) -> list[int]:
+        """The ids of pieces in `vocab` (unk for a piece it lacks); only for a tokenizer with its own vocabulary."""
         return [self._piece_ids.get(p, UNK_ID) for p in pieces]
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:

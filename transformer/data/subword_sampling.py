@@ -49,10 +49,10 @@ from typing import Any
 import sentencepiece as spm
 
 from ..config import DataConfig
-from ..tokenizer import Tokenizer, _split_language_code
+from ..tokenizer import Tokenizer, split_language_code
 from .datasets import SplitSource, open_split
 from .text import DataError
-from .token_cache import EncodedPairs, _file_lock, build_token_cache, open_token_cache
+from .token_cache import EncodedPairs, build_token_cache, file_lock, open_token_cache
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +80,15 @@ class SubwordSampler:
         """Source ids of one sampled segmentation of each text, without eos (as `Tokenizer.src_ids`)."""
         if self.tokenizer.vocab is None:
             return [self._sides["src"].ids(p) for p in self._pieces("src", texts, rng)]
-        codes, rests = zip(*map(_split_language_code, texts)) if texts else ((), ())
-        return [self.tokenizer._lookup(code + p) for code, p in zip(codes, self._pieces("src", list(rests), rng))]
+        codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
+        return [self.tokenizer.piece_ids(code + p) for code, p in zip(codes, self._pieces("src", list(rests), rng))]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
         pieces = self._pieces("tgt", texts, rng)
         if self.tokenizer.vocab is None:
             return [self._sides["tgt"].ids(p) for p in pieces]
-        return [self.tokenizer._lookup(p) for p in pieces]
+        return [self.tokenizer.piece_ids(p) for p in pieces]
 
     def _pieces(self, side: str, texts: list[str], rng: random.Random) -> list[list[str]]:
         model = self._sides[side]
@@ -251,7 +251,7 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
     except OSError:
         pass
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(folder.parent / f".{folder.name}.lock"):
+    with file_lock(folder.parent / f".{folder.name}.lock"):
         if (folder / "meta.json").exists():
             return
         build_sample(open_split(data, split), Tokenizer.from_dict(tokenizer_state), data, seed, epoch, folder, spec)

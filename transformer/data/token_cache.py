@@ -177,7 +177,7 @@ def get_token_cache(data: DataConfig, split: str, tokenizer: Tokenizer, build: b
         raise TokenCacheError(f"cannot create the token cache folder {root} ({err}); set data.cache_dir") from None
     if (folder / "meta.json").exists() and not os.access(root, os.W_OK):
         return _open_existing(folder, spec)  # a complete cache in a read-only (shared) folder: nothing to lock
-    with _file_lock(root / f".{folder.name}.lock"):
+    with file_lock(root / f".{folder.name}.lock"):
         if (folder / "meta.json").exists():
             return _open_existing(folder, spec)
         _explain_rebuild(root, split, data, spec, folder)
@@ -194,7 +194,7 @@ def _open_existing(folder: Path, spec: dict[str, Any]) -> EncodedPairs:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock (flock) on `path`: one builder per cache, the others wait.
 
     Raises:
