@@ -74,7 +74,7 @@ bench-serve: install
 	$(BIN)/transformer serve --checkpoint $(RUN_DIR)/checkpoints/best.pt --port $(SERVE_PORT) --no-access-log & pid=$$!; \
 	for i in $$(seq 120); do curl -sf http://127.0.0.1:$(SERVE_PORT)/health >/dev/null && break; sleep 1; done; \
 	$(BIN)/python scripts/load_test_serve.py --url http://127.0.0.1:$(SERVE_PORT) \
-		--source ../shared/data/multi30k/test_2016_flickr.de.gz --clients 8 --requests 400; status=$$?; \
+		--source $(or $(DATA_DIR),../shared/data/multi30k)/test_2016_flickr.de.gz --clients 8 --requests 400; status=$$?; \
 	kill $$pid; exit $$status
 
 bench-train: install
