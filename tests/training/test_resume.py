@@ -291,15 +291,17 @@ def test_a_checkpoint_trained_on_the_device_translates_the_same_in_a_cpu_only_pr
 
 
 def test_resume_with_subword_sampling_sees_the_same_pieces(tmp_path, tiny_config, monkeypatch):
-    # data.subword_sampling: epoch 0 trains on the token cache, epoch 1 (from about step 15) on a sample built in the
-    # background. Interrupted in epoch 1, with its sample deleted, the resumed run encodes it again to the same ids
-    # and ends with the same weights as the uninterrupted run.
+    # data.subword_sampling: epoch 0 trains on the token cache, epoch 1 (from step 18 of 20) on a sample built in the
+    # background. Interrupted in epoch 1 (its sample complete: the run waited for it at the epoch's first update),
+    # with the sample deleted, the resumed run encodes it again to the same ids and ends with the same weights as the
+    # uninterrupted run.
     config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, subword_sampling=True))
     full = train(config, tmp_path / "full")
-    assert full.epoch >= 1
+    first_in_epoch_1 = full.step - full.batch_in_epoch + 1  # the update that waited for epoch 1's sample
+    assert full.epoch == 1 and first_in_epoch_1 < full.step
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 17)
-        with pytest.raises(TrainingInterrupted, match="stopped at step 17"):
+        interrupt_after(patch, first_in_epoch_1 + 1)
+        with pytest.raises(TrainingInterrupted, match=f"stopped at step {first_in_epoch_1 + 1}"):
             train(config, tmp_path / "resumed")
     samples = tmp_path / "resumed" / "subword_samples"
     assert (samples / "epoch_1" / "meta.json").exists()
