@@ -84,4 +84,5 @@ def test_refusals_name_the_files(trained_run, tmp_path, capsys):
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "out.pt").exists()
     assert main(["average", "--run-dir", str(trained_run), "--last", "3", "--output", str(tmp_path / "out.pt")]) == 2
-    assert "3 step checkpoints asked for, 1 found (step_150.pt)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 step checkpoints asked for, 1 found (step_150.pt)" in err and "training.save_every_steps" in err

@@ -38,7 +38,9 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     if len(found) < n:
         names = ", ".join(p.name for p in found) or "none"
         raise CheckpointError(f"{Path(run_dir) / 'checkpoints'}: {n} step checkpoints asked for, {len(found)} found "
-                              f"({names}); train with training.keep_last_checkpoints >= {n}")
+                              f"({names}); a run keeps its last training.keep_last_checkpoints step checkpoints, "
+                              "written every training.save_every_steps updates: ask for fewer, or name files with "
+                              "--checkpoints")
     return found[-n:]
 
 
