@@ -272,7 +272,7 @@ class CTranslate2Translator:
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
             for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
-                results[i] = [(tokenizer.decode_tgt([tokenizer.piece_to_id(p) for p in h]), score)
+                results[i] = [(tokenizer.decode_tgt(tokenizer.piece_ids(h)), score)
                               for h, score in zip(sentence_hyps, sentence_scores)]
         return results
 

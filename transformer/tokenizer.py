@@ -102,7 +102,7 @@ class Tokenizer:
             return self.src.encode(texts, out_type=int, num_threads=num_threads)
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self.src.encode(list(rests), out_type=str, num_threads=num_threads)
-        return [self.piece_ids(code + p) for code, p in zip(codes, pieces)]
+        return [self.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """Target token ids of each text, without bos/eos."""
@@ -110,9 +110,12 @@ class Tokenizer:
             return self.tgt.encode(texts, out_type=int, num_threads=num_threads)
         return [self.piece_ids(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)]
 
-    def piece_ids(self, pieces: list[str]) -> list[int]:
-        """The ids of pieces in `vocab` (unk for a piece it lacks); only for a tokenizer with its own vocabulary."""
-        return [self._piece_ids.get(p, UNK_ID) for p in pieces]
+    def piece_ids(self, pieces: list[str], side: str = "tgt") -> list[int]:
+        """The token ids of `pieces` (unk for a piece the vocabulary lacks), side "src" or "tgt"."""
+        if self.vocab is not None:
+            return [self._piece_ids.get(p, UNK_ID) for p in pieces]
+        sp = self.src if side == "src" else self.tgt
+        return [sp.piece_to_id(p) for p in pieces]
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source token ids, each sequence ending with eos."""
@@ -127,12 +130,6 @@ class Tokenizer:
         if self.vocab is not None:
             return self.vocab[i]
         return (self.src if side == "src" else self.tgt).id_to_piece(i)
-
-    def piece_to_id(self, piece: str) -> int:
-        """The target token id of `piece` (unk if it has none)."""
-        if self.vocab is not None:
-            return self._piece_ids.get(piece, UNK_ID)
-        return self.tgt.piece_to_id(piece)
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """Target pieces for display (e.g. attention plots)."""

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from transformer.config import ConfigError, DataConfig
+from transformer.config import UNK_ID, ConfigError, DataConfig
 from transformer.data import DataError, open_split, subword_sampling
 from transformer.data.subword_sampling import (
     SAMPLES_FOLDER,
@@ -24,7 +24,7 @@ from transformer.data.subword_sampling import (
     sample_spec,
 )
 from transformer.data.token_cache import cache_spec, get_token_cache, open_token_cache
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.tokenizer import SPECIAL_PIECES, Tokenizer, train_tokenizer
 
 
 def _lines(folder, split, lang):
@@ -200,3 +200,16 @@ def test_train_cli_with_subword_sampling_logs_the_samples(tmp_path, multi30k_sub
     assert "subword sampling (data.subword_sampling): BPE-dropout, alpha 0.1" in result.stderr
     assert "epoch 1: subword sample of" in result.stderr
     assert not list((tmp_path / "run" / SAMPLES_FOLDER).glob(".*.tmp"))
+
+
+def test_piece_ids_map_pieces_as_encoding_does_with_and_without_an_own_vocabulary(corpus, bpe):
+    texts = corpus[1][:200]
+    pieces = bpe.src.encode(texts, out_type=str)
+    assert [bpe.piece_ids(p, "src") for p in pieces] == bpe.src_ids(texts)
+    assert bpe.piece_ids(["no-such-piece"]) == [UNK_ID]
+    # An imported vocabulary orders the pieces its own way (here: reversed after the special pieces).
+    own = list(SPECIAL_PIECES) + [bpe.src.id_to_piece(i) for i in range(bpe.src.get_piece_size() - 1, 3, -1)]
+    imported = Tokenizer(bpe.src_proto, vocab=own)
+    assert [imported.piece_ids(p, "src") for p in pieces] == imported.src_ids(texts)
+    assert imported.piece_ids(pieces[0]) == [own.index(p) for p in pieces[0]] != bpe.piece_ids(pieces[0])
+    assert imported.piece_ids(["no-such-piece"]) == [UNK_ID]

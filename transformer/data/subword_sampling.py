@@ -81,7 +81,8 @@ class SubwordSampler:
         if self.tokenizer.vocab is None:
             return [self._sides["src"].ids(p) for p in self._pieces("src", texts, rng)]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
-        return [self.tokenizer.piece_ids(code + p) for code, p in zip(codes, self._pieces("src", list(rests), rng))]
+        pieces = self._pieces("src", list(rests), rng)
+        return [self.tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
