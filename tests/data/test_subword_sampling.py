@@ -4,6 +4,8 @@ sentencepiece; the background builder's samples and their clean-up."""
 import dataclasses
 import gzip
 import multiprocessing
+import os
+import pickle
 import random
 import subprocess
 import sys
@@ -164,6 +166,42 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
     assert np.array_equal(reader.epoch(2).tgt_ids, two.tgt_ids)
     assert sorted(p.name for p in (run_dir / SAMPLES_FOLDER).iterdir() if not p.name.startswith(".")) == [
         "epoch_2", "epoch_3"]
+
+
+_SCRIPT_WITHOUT_MAIN_GUARD = """
+import pickle, sys
+from pathlib import Path
+from transformer.data import open_split
+from transformer.data.subword_sampling import SampledEpochs
+from transformer.data.token_cache import cache_spec, get_token_cache
+from transformer.tokenizer import Tokenizer
+
+data, state = pickle.loads(Path(sys.argv[1]).read_bytes())
+tokenizer = Tokenizer.from_dict(state)
+spec = cache_spec(open_split(data, "train"), tokenizer, data)
+epochs = SampledEpochs(get_token_cache(data, "train", tokenizer), spec, data, tokenizer, 7, Path(sys.argv[2]))
+try:
+    print(len(epochs.epoch(0)), len(epochs.epoch(1)))
+finally:
+    epochs.close()
+"""
+
+
+def test_the_background_process_imports_neither_torch_nor_the_main_module(corpus, bpe, tmp_path):
+    # A script without `if __name__ == "__main__":` (multiprocessing's spawn would run it again in the child), and a
+    # `torch` on the path that fails to import: the data path, the builder included, works without torch.
+    poison = tmp_path / "poison" / "torch"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    (tmp_path / "script.py").write_text(_SCRIPT_WITHOUT_MAIN_GUARD)
+    (tmp_path / "job.pkl").write_bytes(pickle.dumps((_data(corpus, tmp_path), bpe.to_dict())))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(poison.parent), *sys.path])}
+    result = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(tmp_path / "job.pkl"),
+                             str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    n_cache, n_sample = map(int, result.stdout.split())
+    assert n_cache > 3000 and n_sample > 3000
+    assert "torch was imported" not in result.stderr
 
 
 def test_a_failing_background_build_is_an_error_naming_the_setting(corpus, bpe, tmp_path):

@@ -7,8 +7,9 @@ cache's layout (`token_cache.py`: flat id files with offsets, memory-mapped, ren
 
     RUN_DIR/subword_samples/epoch_{e}/
 
-by a background process that starts when epoch e - 1 starts: one thread, `CHUNK_PAIRS` pairs at a time, so its
-memory stays bounded whatever the corpus size. Epoch 0 trains on the token cache itself, so that a run starts as
+by a background process that starts when epoch e - 1 starts (a new interpreter that imports neither torch nor the
+caller's main module): one thread, `CHUNK_PAIRS` pairs at a time, so its memory stays bounded whatever the corpus
+size. Epoch 0 trains on the token cache itself, so that a run starts as
 fast as without sampling. When a run moves to epoch e, the samples of earlier epochs are deleted; epoch e's is kept
 until then, so that `--resume` finds it (otherwise it is encoded again, to the same ids).
 
@@ -37,9 +38,13 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import random
 import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -247,6 +252,7 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
     """The background process: build one epoch's sample unless another process has (under a file lock)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
     try:
         os.nice(5)  # the training process comes first when both want a core
     except OSError:
@@ -260,6 +266,26 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
         (folder / "builder.json").write_text(json.dumps({
             "peak_rss_mb": round(max(_peak_rss_kb(), _chunk_worker.get("pool_peak_rss_kb", 0)) / 1024),
             "cpu_s": round(own.ru_utime + own.ru_stime + pool.ru_utime + pool.ru_stime, 1)}))
+
+
+def run_job(path: str) -> None:
+    """The background process's entry point: read the arguments of `_build_worker` from the job file at `path`
+    (written by `SampledEpochs`), delete it, and build."""
+    job = Path(path)
+    with job.open("rb") as f:
+        args = pickle.load(f)
+    job.unlink(missing_ok=True)
+    _build_worker(**args)
+
+
+def _worker_command(job: Path) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of the background process: a fresh interpreter that imports this module
+    (and so not torch, nor the caller's main module) from the same package as this process."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    code = f"import sys; from {__name__} import run_job; run_job(sys.argv[1])"
+    return [sys.executable, "-c", code, str(job)], env
 
 
 class SampledEpochs:
@@ -280,7 +306,7 @@ class SampledEpochs:
                  seed: int, run_dir: Path, build: bool = True) -> None:
         self.cache, self.cache_spec, self.data, self.tokenizer = cache, cache_spec, data, tokenizer
         self.seed, self.run_dir, self.build = seed, run_dir, build
-        self._workers: dict[int, multiprocessing.process.BaseProcess] = {}
+        self._workers: dict[int, subprocess.Popen] = {}
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -301,11 +327,12 @@ class SampledEpochs:
     def close(self) -> None:
         """Stop a background build still running (its temporary folder is removed)."""
         for epoch, process in list(self._workers.items()):
-            if process.is_alive():
+            if process.poll() is None:
                 process.terminate()
-            process.join()
+            process.wait()
             folder = sample_folder(self.run_dir, epoch)
             shutil.rmtree(folder.with_name(f".{folder.name}.tmp"), ignore_errors=True)
+            folder.with_name(f".{folder.name}.job").unlink(missing_ok=True)
         self._workers.clear()
 
     def _spec(self, epoch: int) -> dict[str, Any]:
@@ -319,10 +346,9 @@ class SampledEpochs:
             self._start(epoch)
         if epoch in self._workers:
             process = self._workers.pop(epoch)
-            process.join()
-            if process.exitcode != 0:
+            if process.wait() != 0:
                 raise DataError(f"the background process that encodes epoch {epoch}'s subword sample "
-                                f"(data.subword_sampling) failed with exit code {process.exitcode}; its error is "
+                                f"(data.subword_sampling) failed with exit code {process.returncode}; its error is "
                                 "in the log above")
         while not (folder / "meta.json").exists():  # not the builder: local rank 0 builds it
             time.sleep(0.5)
@@ -344,20 +370,25 @@ class SampledEpochs:
         folder = sample_folder(self.run_dir, epoch)
         if epoch in self._workers or self._is_complete(folder, self._spec(epoch)):
             return
-        context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads
-        process = context.Process(target=_build_worker, name=f"subword-sample-{epoch}",  # not daemonic: it may
-                                  # start data.subword_workers processes of its own; close() stops it
-                                  args=(self.data, self.data.train_split, self.tokenizer.to_dict(), self.seed, epoch,
-                                        folder, self._spec(epoch)))
-        process.start()
-        self._workers[epoch] = process
+        # A new interpreter rather than a fork of this process (and its torch threads), and rather than
+        # multiprocessing's spawn, which would import the main module and torch again.
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        job = folder.with_name(f".{folder.name}.job")
+        args = dict(data=self.data, split=self.data.train_split, tokenizer_state=self.tokenizer.to_dict(),
+                    seed=self.seed, epoch=epoch, folder=folder, spec=self._spec(epoch))
+        tmp = job.with_name(job.name + ".tmp")
+        with tmp.open("wb") as f:
+            pickle.dump(args, f)
+        os.replace(tmp, job)
+        command, env = _worker_command(job)
+        self._workers[epoch] = subprocess.Popen(command, env=env)
 
     def _remove_before(self, epoch: int) -> None:
         root = self.run_dir / SAMPLES_FOLDER
         if not root.is_dir():
             return
-        for path in [*root.glob("epoch_*"), *root.glob(".epoch_*.lock")]:
-            number = path.name.removeprefix(".").removeprefix("epoch_").removesuffix(".lock")
+        for path in [*root.glob("epoch_*"), *root.glob(".epoch_*")]:  # samples, locks, jobs, temporary folders
+            number = path.name.removeprefix(".").removeprefix("epoch_").split(".")[0]
             if number.isdigit() and int(number) < epoch:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 

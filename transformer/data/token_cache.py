@@ -46,16 +46,18 @@ import time
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 from tqdm import tqdm
 
 from ..config import EOS_ID, DataConfig
 from ..tokenizer import Tokenizer
-from .batching import Batch, make_batch
 from .datasets import SplitSource, open_split
 from .text import DataError
+
+if TYPE_CHECKING:
+    from .batching import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ class EncodedPairs:
 
     def batch(self, indices: np.ndarray | list[int]) -> Batch:
         """The padded `Batch` of these pairs, in this order."""
+        from .batching import make_batch  # torch: not imported by the processes that only write caches
+
         return make_batch([self.src(i) for i in indices], [self.tgt(i) for i in indices])
 
 

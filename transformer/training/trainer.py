@@ -130,8 +130,6 @@ def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optio
         init: fine-tuning (`training/init_from.py`): start from these weights and this tokenizer (`config` from
             `fine_tuning_config`); everything else starts fresh. Not with `resume`.
 
-    With data.subword_sampling a process is spawned (the main module is imported again): call under a main guard.
-
     Returns:
         The final `TrainState`.
 
