@@ -4,6 +4,7 @@ Usage:
     python ../shared/scale/make_corpus.py /tmp/c45m 4500000            # a WMT14-sized corpus (1.2 GB of text)
     python scripts/benchmark_data.py --corpus /tmp/c45m [--config configs/multi30k_de_en.yaml] [--nproc 2]
         [--set data.subword_sampling=true [--wait-sample]]
+    python scripts/benchmark_data.py --corpus ../shared/data/multi30k --wait-sample  # any {split}.{lang}.gz folder
 
 What it runs, each as a separate process as a user would (`--work` holds everything; it is emptied first):
 1. `transformer prepare` on the corpus: trains the tokenizer on a sample (data.spm_max_sentences), then builds the
