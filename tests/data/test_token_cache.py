@@ -71,6 +71,9 @@ def test_found_again_without_rebuilding(corpus, tmp_path, tokenizer, monkeypatch
     assert np.array_equal(first.src_ids, again.src_ids) and np.array_equal(first.tgt_offsets, again.tgt_offsets)
     waiting = get_token_cache(data, "train", tokenizer, build=False)  # what torchrun's other ranks do
     assert len(waiting) == len(first)
+    # The spec it was built from travels with it (subword samples extend it without fingerprinting the corpus again).
+    assert first.spec == again.spec == tc.cache_spec(open_split(data, "train"), tokenizer, data)
+    assert first.spec["corpus"]["files"][0]["sha256"]
 
 
 def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenizer, caplog):

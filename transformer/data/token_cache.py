@@ -78,10 +78,12 @@ class EncodedPairs:
     Attributes:
         src_lengths: `(n,)` int32, source tokens as fed to the model (eos included).
         tgt_lengths: `(n,)` int32, target tokens as predicted (pieces + eos).
+        spec: what a token cache was built from (`cache_spec`, from its meta.json); None for pairs in memory.
     """
 
     def __init__(self, src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.ndarray,
-                 tgt_offsets: np.ndarray) -> None:
+                 tgt_offsets: np.ndarray, spec: Optional[dict[str, Any]] = None) -> None:
+        self.spec = spec
         self.src_ids, self.src_offsets = src_ids, src_offsets
         self.tgt_ids, self.tgt_offsets = tgt_ids, tgt_offsets
         self.src_lengths = np.diff(src_offsets).astype(np.int32)
@@ -288,7 +290,7 @@ def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) 
             raise TokenCacheError(f"{folder}: {side}_ids.bin holds {len(ids)} ids and {side}_offsets.npy "
                                   f"{len(off) - 1} pairs ending at {off[-1]}, meta.json says {meta['n_pairs']} "
                                   "pairs: truncated? Delete the folder to rebuild it")
-    return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1])
+    return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1], meta["spec"])
 
 
 ChunkEncoder = Callable[[Iterator[tuple[list[str], list[str]]]], Iterator[tuple[list[list[int]], list[list[int]]]]]

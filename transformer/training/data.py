@@ -146,7 +146,7 @@ def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: 
         return CacheEpochs(cache)
     dist = dist or Distributed()
     data = config.data
-    spec = cache_spec(open_split(data, data.train_split), tokenizer, data)
+    spec = cache.spec or cache_spec(open_split(data, data.train_split), tokenizer, data)
     kind = "BPE-dropout" if data.spm_model_type == "bpe" else f"unigram {data.subword_nbest_size}-best sampling"
     logger.info("subword sampling (data.subword_sampling): %s, alpha %g; every epoch after the first is encoded "
                 "afresh in %s", kind, data.subword_alpha, run_dir / SAMPLES_FOLDER)
