@@ -142,3 +142,22 @@ def trained_run(tmp_path_factory, multi30k_subset) -> Path:
     run_dir = folder / "run"
     assert main(["train", "--config", str(config), "--run-dir", str(run_dir)]) == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def looping_checkpoint(trained_run, tmp_path_factory) -> Path:
+    """`trained_run`'s best.pt made to loop on one piece: the last decoder layer's last LayerNorm gets weight 0 and
+    a bias along that piece's (tied) embedding, so every step's logits are the same, that piece first. Without
+    decoding.max_repeat every output repeats it up to the length cap; the rest of the model is the trained one."""
+    from transformer.checkpoint import save_checkpoint
+
+    state = torch.load(trained_run / "checkpoints" / "best.pt", weights_only=True)
+    weights = state["model"]
+    last = max(int(k.split(".")[2]) for k in weights if k.startswith("decoder.layers."))
+    embeddings = weights["output_projection.weight"]
+    piece = next(i for i in range(4, len(embeddings)) if int((embeddings @ embeddings[i]).argmax()) == i)
+    weights[f"decoder.layers.{last}.norm3.weight"].zero_()
+    weights[f"decoder.layers.{last}.norm3.bias"].copy_(4 * embeddings[piece])
+    path = tmp_path_factory.mktemp("looping") / "looping.pt"
+    save_checkpoint(state, path)
+    return path
