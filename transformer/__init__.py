@@ -7,8 +7,9 @@ encodes subword samples (`data/subword_sampling.py`) relies on it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy_imports import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "Transformer", "TransformerConfig", "Translator", "load_config"]
@@ -22,13 +23,4 @@ if TYPE_CHECKING:
     from .translate import Translator
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

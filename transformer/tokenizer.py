@@ -114,8 +114,7 @@ class Tokenizer:
         """The token ids of `pieces` (unk for a piece the vocabulary lacks), side "src" or "tgt"."""
         if self.vocab is not None:
             return [self._piece_ids.get(p, UNK_ID) for p in pieces]
-        sp = self.src if side == "src" else self.tgt
-        return [sp.piece_to_id(p) for p in pieces]
+        return (self.src if side == "src" else self.tgt).piece_to_id(list(pieces))
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source token ids, each sequence ending with eos."""

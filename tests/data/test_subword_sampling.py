@@ -25,7 +25,7 @@ from transformer.data.subword_sampling import (
     sample_folder,
     sample_spec,
 )
-from transformer.data.token_cache import cache_spec, get_token_cache, open_token_cache
+from transformer.data.token_cache import EncodedPairs, cache_spec, get_token_cache, open_token_cache
 from transformer.tokenizer import SPECIAL_PIECES, Tokenizer, train_tokenizer
 
 
@@ -145,9 +145,8 @@ def test_a_sample_depends_only_on_seed_and_epoch_not_on_the_process(corpus, bpe,
 def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_path):
     data = _data(corpus, tmp_path)
     cache = get_token_cache(data, "train", bpe)
-    spec = cache_spec(open_split(data, "train"), bpe, data)
     run_dir = tmp_path / "run"
-    epochs = SampledEpochs(cache, spec, data, bpe, 7, run_dir)
+    epochs = SampledEpochs(cache, data, bpe, 7, run_dir)
     try:
         assert epochs.epoch(0) is cache  # epoch 0: the token cache; epoch 1 starts building
         one = epochs.epoch(1)
@@ -162,7 +161,7 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
     finally:
         epochs.close()
     # A process that does not build (another rank on this machine) reads what the builder wrote.
-    reader = SampledEpochs(cache, spec, data, bpe, 7, run_dir, build=False)
+    reader = SampledEpochs(cache, data, bpe, 7, run_dir, build=False)
     assert np.array_equal(reader.epoch(2).tgt_ids, two.tgt_ids)
     assert sorted(p.name for p in (run_dir / SAMPLES_FOLDER).iterdir() if not p.name.startswith(".")) == [
         "epoch_2", "epoch_3"]
@@ -173,13 +172,12 @@ import pickle, sys
 from pathlib import Path
 from transformer.data import open_split
 from transformer.data.subword_sampling import SampledEpochs
-from transformer.data.token_cache import cache_spec, get_token_cache
+from transformer.data.token_cache import get_token_cache
 from transformer.tokenizer import Tokenizer
 
 data, state = pickle.loads(Path(sys.argv[1]).read_bytes())
 tokenizer = Tokenizer.from_dict(state)
-spec = cache_spec(open_split(data, "train"), tokenizer, data)
-epochs = SampledEpochs(get_token_cache(data, "train", tokenizer), spec, data, tokenizer, 7, Path(sys.argv[2]))
+epochs = SampledEpochs(get_token_cache(data, "train", tokenizer), data, tokenizer, 7, Path(sys.argv[2]))
 try:
     print(len(epochs.epoch(0)), len(epochs.epoch(1)))
 finally:
@@ -207,15 +205,17 @@ def test_the_background_process_imports_neither_torch_nor_the_main_module(corpus
 def test_a_failing_background_build_is_an_error_naming_the_setting(corpus, bpe, tmp_path):
     data = _data(corpus, tmp_path)
     cache = get_token_cache(data, "train", bpe)
-    spec = cache_spec(open_split(data, "train"), bpe, data)
     (tmp_path / "empty").mkdir()
     missing = dataclasses.replace(data, path=str(tmp_path / "empty"))  # the training files are gone
-    epochs = SampledEpochs(cache, spec, missing, bpe, 7, tmp_path / "run")
+    epochs = SampledEpochs(cache, missing, bpe, 7, tmp_path / "run")
     try:
         with pytest.raises(DataError, match="data.subword_sampling"):
             epochs.epoch(1)
     finally:
         epochs.close()
+    in_memory = EncodedPairs.from_lists([[5, 6, 3]], [[7, 8]])  # no spec: nothing to build samples from
+    with pytest.raises(ValueError, match="token cache"):
+        SampledEpochs(in_memory, data, bpe, 7, tmp_path / "run")
 
 
 @pytest.mark.parametrize("changes, key", [({"subword_alpha": 0.0}, "data.subword_alpha"),

@@ -7,8 +7,9 @@ imports the rest without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_imports import lazy_exports
 
 __all__ = ["Batch", "DataError", "EncodedPairs", "LineReader", "ParallelCorpus", "SplitSource", "StreamLineReader",
            "TokenCacheError", "count_lines", "get_token_cache", "load_split", "make_batch", "open_split",
@@ -27,13 +28,4 @@ if TYPE_CHECKING:
     from .token_cache import EncodedPairs, TokenCacheError, get_token_cache
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -84,17 +84,14 @@ class SubwordSampler:
     def src_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Source ids of one sampled segmentation of each text, without eos (as `Tokenizer.src_ids`)."""
         if self.tokenizer.vocab is None:
-            return [self._sides["src"].ids(p) for p in self._pieces("src", texts, rng)]
+            return [self.tokenizer.piece_ids(p, "src") for p in self._pieces("src", texts, rng)]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self._pieces("src", list(rests), rng)
         return [self.tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
-        pieces = self._pieces("tgt", texts, rng)
-        if self.tokenizer.vocab is None:
-            return [self._sides["tgt"].ids(p) for p in pieces]
-        return [self.tokenizer.piece_ids(p) for p in pieces]
+        return [self.tokenizer.piece_ids(p) for p in self._pieces("tgt", texts, rng)]
 
     def _pieces(self, side: str, texts: list[str], rng: random.Random) -> list[list[str]]:
         model = self._sides[side]
@@ -104,18 +101,12 @@ class SubwordSampler:
 
 
 class _SentencePieceSide:
-    """One sentencepiece model with what sampling needs: its pieces' scores and ids."""
+    """One sentencepiece model with what sampling needs: the scores of its pieces (the merges BPE may make)."""
 
     def __init__(self, sp: spm.SentencePieceProcessor) -> None:
         self.sp = sp
         self.scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())
                        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))}
-        self._ids = {piece: i for i, piece in enumerate(map(sp.id_to_piece, range(sp.get_piece_size())))
-                     if piece in self.scores}
-        self.unk_id = sp.unk_id()
-
-    def ids(self, pieces: list[str]) -> list[int]:
-        return [self._ids.get(p, self.unk_id) for p in pieces]
 
     def bpe_dropout(self, pieces: list[str], alpha: float, rng: random.Random) -> list[str]:
         """BPE-dropout of one sentence, given sentencepiece's segmentation of it (`pieces`)."""
@@ -293,18 +284,23 @@ class SampledEpochs:
     sample per epoch, each built in the background while the epoch before it trains.
 
     Args:
-        cache: the token cache of the training split (epoch 0).
-        cache_spec: its spec (`token_cache.cache_spec`), part of every sample's spec.
+        cache: the token cache of the training split (epoch 0), as `get_token_cache` opens it: its spec is part of
+            every sample's spec.
         data: the data section (source, split, sampling settings).
         tokenizer: the run's tokenizer.
         seed: training.seed.
         run_dir: where the samples are written (`RUN_DIR/subword_samples/`).
         build: True for the one process per machine that builds samples (local rank 0); the others wait for them.
+
+    Raises:
+        ValueError: `cache` holds pairs in memory (no spec), not a token cache.
     """
 
-    def __init__(self, cache: EncodedPairs, cache_spec: dict[str, Any], data: DataConfig, tokenizer: Tokenizer,
-                 seed: int, run_dir: Path, build: bool = True) -> None:
-        self.cache, self.cache_spec, self.data, self.tokenizer = cache, cache_spec, data, tokenizer
+    def __init__(self, cache: EncodedPairs, data: DataConfig, tokenizer: Tokenizer, seed: int, run_dir: Path,
+                 build: bool = True) -> None:
+        if cache.spec is None:
+            raise ValueError("subword sampling starts from a token cache (get_token_cache), not pairs in memory")
+        self.cache, self.data, self.tokenizer = cache, data, tokenizer
         self.seed, self.run_dir, self.build = seed, run_dir, build
         self._workers: dict[int, subprocess.Popen] = {}
 
@@ -336,7 +332,7 @@ class SampledEpochs:
         self._workers.clear()
 
     def _spec(self, epoch: int) -> dict[str, Any]:
-        return sample_spec(self.cache_spec, self.data, self.seed, epoch)
+        return sample_spec(self.cache.spec, self.data, self.seed, epoch)
 
     def _sample(self, epoch: int) -> EncodedPairs:
         folder, spec = sample_folder(self.run_dir, epoch), self._spec(epoch)

@@ -17,7 +17,6 @@ import numpy as np
 from ..config import Config, ConfigError, check_trainable
 from ..data import EncodedPairs, get_token_cache, load_split, open_split, token_batches
 from ..data.subword_sampling import SAMPLES_FOLDER, SampledEpochs
-from ..data.token_cache import cache_spec
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distributed import Distributed
 
@@ -146,11 +145,10 @@ def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: 
         return CacheEpochs(cache)
     dist = dist or Distributed()
     data = config.data
-    spec = cache.spec or cache_spec(open_split(data, data.train_split), tokenizer, data)
     kind = "BPE-dropout" if data.spm_model_type == "bpe" else f"unigram {data.subword_nbest_size}-best sampling"
     logger.info("subword sampling (data.subword_sampling): %s, alpha %g; every epoch after the first is encoded "
                 "afresh in %s", kind, data.subword_alpha, run_dir / SAMPLES_FOLDER)
-    return SampledEpochs(cache, spec, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0)
+    return SampledEpochs(cache, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0)
 
 
 def epoch_batches(pairs: EncodedPairs, config: Config, epoch: int) -> list[np.ndarray]:
