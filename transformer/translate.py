@@ -146,7 +146,7 @@ class Translator:
 
     def warm_up(self) -> float:
         """With `compile=True`, compile now what would otherwise compile at the first greedy batch and the first beam
-        search (20-60 s each): decode two short sentences both ways, three steps at least. For a server, whose
+        search (20-60 s each): decode three short sentences both ways, three steps at least. For a server, whose
         first requests should not wait for it (`transformer serve --compile`). Without compile it does nothing.
 
         Returns:
@@ -154,7 +154,9 @@ class Translator:
         """
         start = time.perf_counter()
         if self.compile:
-            batch = make_batch([[5, 6, 7, EOS_ID], [8, EOS_ID]]).to(self.device)  # any ids: the sizes matter
+            # Any ids: the sizes matter. Sizes that coincide here (sentences, source length, beams times sentences)
+            # can be taken as equal by the compiler, which then compiles again for sizes where they differ.
+            batch = make_batch([[5, 6, 7, 8, EOS_ID], [8, EOS_ID], [9, 10, EOS_ID]]).to(self.device)
             for beam_size in (1, 2):
                 options = self.decoding_options(beam_size=beam_size, n_best=1, min_len=3, max_len_a=0.0,
                                                 max_len_b=4)
