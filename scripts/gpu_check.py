@@ -2,15 +2,22 @@
 models in bf16 and fp16, decoding speed, torchrun with nccl. One JSON line of figures at the end.
 
 Usage (on a machine with a CUDA GPU; no network needed):
-    pip install --no-deps --no-build-isolation -e .        # with the torch already there
     python scripts/gpu_check.py [--shared ../shared] [--work /tmp/gpu_check] [--pairs 300000] [--steps 40]
     python scripts/gpu_check.py --device cpu --quick        # the same stages in seconds, on a tiny model (CI)
 
+It runs from the repository as it is (the package need not be installed; `pip install --no-deps
+--no-build-isolation -e .` installs it with the torch already there). Besides torch it needs sentencepiece,
+sacrebleu, pyyaml, tqdm and numpy, and pytest for the tests stage (wheels brought along install with
+`pip install --no-index --find-links WHEELS pytest`).
+
 Stages, in order; each one's failure is recorded under "errors" and the others still run; the exit status is 1
-when any failed:
+when any failed. After each stage the figures so far are written to WORK/figures.json, so that a run cut short
+keeps what it measured; every subprocess has a time limit.
 1. environment: GPU name, memory, torch and CUDA versions, and the measured rate of one large matrix product in
    fp32 and bf16 (`transformer.device.matmul_seconds`; 8192^3 on a GPU), the peak the MFU figures refer to.
-2. tests: `pytest -m cuda` (the CUDA half of the device-parametrized tests); skipped with --device cpu.
+2. tests: `pytest -m cuda` (the CUDA half of the device-parametrized tests); it fails when a test fails or none
+   passed (all skipped: the GPU not visible to the tests). With --device cpu, one CPU device test instead, so
+   that the stage itself is exercised.
 3. data: a WMT14-sized synthetic corpus from `SHARED/scale/make_corpus.py` (`--pairs` pairs of two joined
    Multi30k sentences, about 26 words each), `transformer prepare` on it (tokenizer and token cache), then the
    token cache's start-up time: `prepare_data` again with the cache present.
@@ -36,13 +43,14 @@ current NVIDIA GPUs; the fp16 rate is printed too).
 Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,fp16}, tests {passed, failed,
 skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision: {tgt_tokens_per_s, s_per_step,
 tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, loss}}}, decode [{search, batch_size, tgt_tokens_per_s,
-sentences_per_s, s}], torchrun {backend, s, steps}, total_s, errors.
+sentences_per_s, s}], torchrun {backend, s, steps}, total_s, errors. A figure that could not be measured is null.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -52,6 +60,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -70,6 +79,9 @@ from transformer.training.loss import LossComputation  # noqa: E402
 from transformer.training.optim import build_optimizer, learning_rate, set_lr  # noqa: E402
 from transformer.training.trainer import train_step  # noqa: E402
 from transformer.translate import Translator  # noqa: E402
+
+STAGE_TIMEOUT_S = {"tests": 300, "corpus": 300, "prepare": 600, "torchrun": 300}
+"""Seconds each subprocess may take before it is stopped and its stage recorded as failed."""
 
 QUICK_MODEL = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_encoder_layers=1",
                "model.n_decoder_layers=1", "data.vocab_size=300", "data.max_tokens_per_batch=1024",
@@ -97,17 +109,25 @@ def environment(device: torch.device, quick: bool) -> dict:
     return info
 
 
-def cuda_tests(shared: Path) -> dict:
+def device_tests(shared: Path, device: torch.device) -> dict:
+    """`pytest -m cuda` on CUDA (one CPU device test on the CPU); counts of passed, failed, skipped and errors."""
+    if importlib.util.find_spec("pytest") is None:
+        raise RuntimeError("pytest is not installed: pip install --no-index --find-links WHEELS pytest")
     start = time.perf_counter()
     env = {**os.environ, "MULTI30K_DIR": str(shared / "data" / "multi30k")}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"],
-                            cwd=ROOT, capture_output=True, text=True, env=env)
-    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
+    selection = (["-m", "cuda"] if device.type == "cuda"
+                 else ["-m", "not cuda", "-k", "no_future_leak", "tests/test_devices.py"])
+    # -o addopts= : the project's -q would make this -qq, which prints no summary line to count from.
+    result = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
+                             *selection], cwd=ROOT, capture_output=True, text=True, env=env,
+                            timeout=STAGE_TIMEOUT_S["tests"])
+    lines = result.stdout.strip().splitlines()
+    summary = lines[-1] if lines else result.stderr[-500:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary)}
     out = {**counts, "s": round(time.perf_counter() - start, 1), "summary": summary}
-    if result.returncode != 0:
-        failures = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-        raise RuntimeError(f"pytest -m cuda: {summary}; " + "; ".join(failures[:10]))
+    if result.returncode != 0 or not counts.get("passed"):
+        failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+        raise RuntimeError(f"pytest {' '.join(selection)}: {summary}; " + "; ".join(failures[:10]))
     return out
 
 
@@ -122,11 +142,11 @@ def data_settings(corpus: Path, work: Path, quick: bool) -> list[str]:
 def make_data(args: argparse.Namespace, work: Path, sets: list[str]) -> dict:
     corpus = work / "corpus"
     subprocess.run([sys.executable, str(Path(args.shared) / "scale" / "make_corpus.py"), str(corpus),
-                    str(args.pairs)], check=True)
+                    str(args.pairs)], check=True, timeout=STAGE_TIMEOUT_S["corpus"])
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "transformer", "prepare", "--config", args.config,
                              "--run-dir", str(work / "prepared"), *[f"--set={s}" for s in sets]],
-                            cwd=ROOT, capture_output=True, text=True)
+                            cwd=ROOT, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S["prepare"])
     if result.returncode != 0:
         raise RuntimeError(f"transformer prepare: {result.stderr.strip().splitlines()[-1:]}")
     prepare_s = time.perf_counter() - start
@@ -137,7 +157,7 @@ def make_data(args: argparse.Namespace, work: Path, sets: list[str]) -> dict:
 
 
 def measure_training(config_path: str, sets: list[str], precision: str, work: Path, device: torch.device,
-                     args: argparse.Namespace, peak_tflops: float) -> tuple[dict, Transformer, Tokenizer]:
+                     args: argparse.Namespace, peak_tflops: Optional[float]) -> tuple[dict, Transformer, Tokenizer]:
     config = load_config(config_path, [*sets, f"training.precision={precision}", f"training.device={device.type}"])
     torch.manual_seed(config.training.seed)
     tokenizer, train, _ = prepare_data(config, work / "prepared")
@@ -147,28 +167,29 @@ def measure_training(config_path: str, sets: list[str], precision: str, work: Pa
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     batches = epoch_batches(train, config, epoch=0)
     accumulate = config.training.accumulate_steps
+    groups = [batches[step * accumulate:(step + 1) * accumulate] for step in range(args.warmup + args.steps)]
+    group_flops = [sum(training_flops(config, int(train.src_lengths[i]), int(train.tgt_lengths[i]))
+                       for g in group for i in g) for group in groups]  # counted before the clock runs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     n_tgt, flops, start, result = 0, 0.0, time.perf_counter(), None
-    for step in range(args.warmup + args.steps):
+    for step, group in enumerate(groups):
         if step == args.warmup:
             _sync(device)
             n_tgt, flops, start = 0, 0.0, time.perf_counter()
-        group = batches[step * accumulate:(step + 1) * accumulate]
         made = [train.batch(g).pin_memory().to(device, non_blocking=True) if device.type == "cuda"
                 else train.batch(g) for g in group]
         set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
         result = train_step(module, optimizer, made, config, scaler=scaler) or result
         n_tgt += sum(b.n_tgt_tokens for b in made)
-        flops += sum(training_flops(config, int(train.src_lengths[i]), int(train.tgt_lengths[i]))
-                     for g in group for i in g)
+        flops += group_flops[step]
     _sync(device)
     seconds = time.perf_counter() - start
-    loss = float(result[1]) / max(1, sum(b.n_tgt_tokens for b in made)) if result is not None else float("nan")
+    loss = round(float(result[1]) / max(1, sum(b.n_tgt_tokens for b in made)), 3) if result is not None else None
     figures = {"tgt_tokens_per_s": round(n_tgt / seconds), "s_per_step": round(seconds / args.steps, 4),
                "tgt_tokens_per_step": round(n_tgt / args.steps), "tflops_per_s": round(flops / seconds / 1e12, 3),
-               "mfu": round(flops / seconds / 1e12 / peak_tflops, 3), "last_nll_per_token": round(loss, 3),
-               "parameters": model.num_parameters()}
+               "mfu": round(flops / seconds / 1e12 / peak_tflops, 3) if peak_tflops else None,
+               "last_nll_per_token": loss, "parameters": model.num_parameters()}
     if device.type == "cuda":
         figures["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
     return figures, model, tokenizer
@@ -208,7 +229,7 @@ def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.
                f"--set=training.max_steps={steps}", "--set=training.log_every_steps=1",
                f"--set=training.eval_every_steps={steps}", "--set=data.valid_max_sentences=20"]
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S["torchrun"],
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode != 0:
         raise RuntimeError(f"torchrun: {result.stderr.strip().splitlines()[-3:]}")
@@ -216,8 +237,9 @@ def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.
             if json.loads(line)["type"] == "train"]
     if not done or done[-1] != steps:
         raise RuntimeError(f"torchrun: trained steps {done}, expected up to {steps}")
-    return {"backend": "nccl" if torch.cuda.is_available() else "gloo",  # init_distributed's rule
-            "steps": done[-1], "s": round(time.perf_counter() - start, 1)}
+    backend = re.search(r"process group: rank 0 of 1, backend (\w+)", result.stderr)  # the training log's line
+    return {"backend": backend.group(1) if backend else None, "steps": done[-1],
+            "s": round(time.perf_counter() - start, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,22 +260,28 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if quick else 40)
     args.warmup = args.warmup if args.warmup is not None else (1 if quick else 10)
     args.sentences = args.sentences or (20 if quick else 2000)
-    args.config = "configs/wmt14_en_de_base.yaml"
+    args.config = str(ROOT / "configs" / "wmt14_en_de_base.yaml")
+    args.shared = str(Path(args.shared).resolve())
     begin = time.perf_counter()
     device = torch.device(args.device)
-    work = Path(args.work)
+    work = Path(args.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     figures: dict = {}
     errors: dict[str, str] = {}
 
     def stage(name: str, run):
+        stage_start = time.perf_counter()
         try:
             return run()
         except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
             errors[name] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
             return None
+        finally:
+            print(f"gpu_check: {name}: {'failed' if name in errors else 'done'} in "
+                  f"{time.perf_counter() - stage_start:.1f} s", file=sys.stderr, flush=True)
+            (work / "figures.json").write_text(json.dumps({**figures, "errors": errors}) + "\n")
 
     if device.type == "cuda" and not torch.cuda.is_available():
         errors["environment"] = "no CUDA device visible to torch"
@@ -261,15 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     env = stage("environment", lambda: environment(device, quick)) or {}
     figures.update(env)
-    if device.type == "cuda":
-        figures["tests"] = stage("tests", functools.partial(cuda_tests, Path(args.shared)))
+    figures["tests"] = stage("tests", functools.partial(device_tests, Path(args.shared), device))
     sets = data_settings(work / "corpus", work, quick)
     figures.update(stage("data", lambda: make_data(args, work, sets)) or {})
-    peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32") or float("nan")
+    peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32")
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
-    models = [("base", "configs/wmt14_en_de_base.yaml")]
+    models = [("base", args.config)]
     if not args.no_big and not quick:
-        models.append(("big", "configs/wmt14_en_de_big.yaml"))
+        models.append(("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml")))
     figures["train"], trained = {}, None
     for name, config_path in models:
         figures["train"][name] = {}
@@ -291,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["torchrun"] = stage("torchrun", lambda: torchrun_check(args.config, sets, work, device))
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors
+    (work / "figures.json").write_text(json.dumps(figures) + "\n")
     print(json.dumps(figures))
     return 1 if errors else 0
 

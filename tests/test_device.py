@@ -37,6 +37,16 @@ def test_auto_on_a_cpu_follows_the_measured_bf16_speedup(bf16_speedup, expected,
     assert f"{bf16_speedup:.2f}x" in reason
 
 
+@pytest.mark.parametrize("capability, expected", [((7, 0), "fp32"), ((7, 5), "fp32"), ((8, 0), "bf16"),
+                                                  ((9, 0), "bf16")])
+def test_auto_on_a_gpu_takes_bf16_where_it_is_native(capability, expected, monkeypatch):
+    """V100 (7.0) and T4 (7.5) emulate bf16 (torch.cuda.is_bf16_supported() says True there): fp32; A100 and later
+    compute it: bf16. No GPU needed: the capability is what is asked."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    precision, reason = resolve_precision("auto", torch.device("cuda"))
+    assert precision == expected and f"{capability[0]}.{capability[1]}" in reason
+
+
 def test_auto_measures_this_cpu():
     precision, reason = resolve_precision("auto", torch.device("cpu"))
     assert precision in ("fp32", "bf16") and "bf16 matmul" in reason

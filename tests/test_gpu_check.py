@@ -1,5 +1,5 @@
-"""`scripts/gpu_check.py --device cpu --quick` runs every stage but the CUDA tests, so that the GPU check cannot rot
-between GPU runs: data, training in two precisions, decoding, torchrun (gloo)."""
+"""`scripts/gpu_check.py --device cpu --quick` runs every stage, so that the GPU check cannot rot between GPU runs:
+one CPU device test in place of the CUDA tests, data, training in two precisions, decoding, torchrun (gloo)."""
 
 import json
 import subprocess
@@ -24,6 +24,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["errors"] == {}
+    assert figures["tests"]["passed"] >= 1 and "failed" not in figures["tests"]  # the stage counts what pytest ran
+    assert json.loads((tmp_path / "work" / "figures.json").read_text()) == figures  # also kept on disk
     assert figures["pairs"] == 3000 and figures["cache_startup_s"] < figures["prepare_s"]
     assert figures["matmul_tflops_fp32"] > 0
     for precision in ("fp32", "bf16"):

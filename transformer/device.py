@@ -79,7 +79,8 @@ BF16_MIN_SPEEDUP = 1.25
 def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     """The concrete training precision for `name` ("auto", "fp32", "bf16" or "fp16") on `device`.
 
-    "auto" gives bf16 on a CUDA device that supports it and fp32 on MPS. On a CPU it measures: bf16 autocast
+    "auto" gives bf16 on a CUDA device that computes it natively (compute capability 8.0 and later: A100, H100, RTX
+    30xx and later; older GPUs emulate it slowly) and fp32 on MPS. On a CPU it measures: bf16 autocast
     pays only where bf16 matrix multiplications are fast (AMX or AVX-512 BF16 units that the kernels use) and
     can be slower than fp32 elsewhere, so bf16 is chosen when a 1024^3 bf16 matmul is at least
     `BF16_MIN_SPEEDUP` times faster than fp32 (the measurement stops early where bf16 is emulated and slow).
@@ -99,9 +100,10 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     if name != "auto":
         return name, "as configured"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bf16", "CUDA device with bf16 support"
-        return "fp32", "CUDA device without bf16 support"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major >= 8:  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
+            return "bf16", f"CUDA device of compute capability {major}.{minor} (native bf16)"
+        return "fp32", f"CUDA device of compute capability {major}.{minor} (no native bf16)"
     if device.type != "cpu":
         return "fp32", f"{device.type} device"
     speedup = matmul_seconds(torch.float32, device) / matmul_seconds(torch.bfloat16, device)

@@ -75,9 +75,12 @@ def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
         load_checkpoint(path)
 
 
-def test_missing_and_foreign_files(tmp_path):
+def test_missing_and_foreign_files(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
+    monkeypatch.chdir(tmp_path)  # a Hugging Face Hub id is not read from the Hub: the error says how to download it
+    with pytest.raises(CheckpointError, match="hf download Helsinki-NLP/opus-mt-de-en --local-dir opus-mt-de-en"):
+        load_checkpoint("Helsinki-NLP/opus-mt-de-en")
     for name, data in (("source.de", "Ein Hund läuft.\n".encode()), ("random.pt", bytes(range(7, 200)))):
         (tmp_path / name).write_bytes(data)  # a text file or random bytes given as a checkpoint: said so, plainly
         with pytest.raises(CheckpointError, match=rf"{name}: not a checkpoint \(a \.pt file") as err:
@@ -133,16 +136,45 @@ def _documented_keys() -> list[str]:
 
 
 def test_written_keys_are_the_documented_ones(trained_run):
-    from transformer.training.checkpoint import CHECKPOINT_KEYS, TrainState
+    from transformer.training.checkpoint import CHECKPOINT_KEYS, FP16_CHECKPOINT_KEYS, TrainState
 
     documented = _documented_keys()
-    assert documented == list(CHECKPOINT_KEYS)
+    assert documented == [*CHECKPOINT_KEYS, *FP16_CHECKPOINT_KEYS]
     folder = trained_run / "checkpoints"
-    assert sorted(load_checkpoint(folder / "last.pt")) == sorted(documented)
-    assert sorted(load_checkpoint(folder / "step_150.pt")) == sorted(documented)
+    assert sorted(load_checkpoint(folder / "last.pt")) == sorted(CHECKPOINT_KEYS)  # fp32: no loss scaler
+    assert sorted(load_checkpoint(folder / "step_150.pt")) == sorted(CHECKPOINT_KEYS)
     assert sorted(load_checkpoint(folder / "best.pt")) == sorted(documented[:5])  # no optimizer, no RNG state
     from dataclasses import fields
     assert sorted(load_checkpoint(folder / "last.pt")["train_state"]) == sorted(f.name for f in fields(TrainState))
+
+
+def test_an_fp16_runs_loss_scale_is_saved_and_restored(trained_run, tmp_path):
+    """The GradScaler's state (loss scale, growth tracker) goes into last.pt and step_N.pt and comes back on
+    --resume, so that a resumed fp16 run does not restart at the initial scale and skip updates to find it again.
+    (The scaler runs on the CPU here; training refuses fp16 off CUDA, but the saved state is the same.)"""
+    from transformer.checkpoint import load_for_inference
+    from transformer.training.checkpoint import TrainState, checkpoint_path, restore, save_training_checkpoint
+    from transformer.training.distributed import Distributed
+    from transformer.training.optim import build_optimizer
+
+    config, model, tokenizer = load_for_inference(trained_run / "checkpoints" / "last.pt")
+    optimizer = build_optimizer(model, config.training, torch.device("cpu"))
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict({"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                            "_growth_tracker": 7})
+    run_dir = tmp_path / "run"
+    save_training_checkpoint(run_dir, model, optimizer, tokenizer, config, TrainState(step=3), scaler=scaler,
+                             device=torch.device("cpu"), keep_step_checkpoint=True)
+    saved = load_checkpoint(checkpoint_path(run_dir))
+    assert saved["grad_scaler"]["scale"] == 512.0 and saved["rng"]["cuda"] is None  # no GPU generator on the CPU
+    fresh = torch.amp.GradScaler("cpu")
+    state = restore(run_dir, model, optimizer, config, torch.device("cpu"), Distributed(), fresh)
+    assert state.step == 3 and fresh.state_dict() == scaler.state_dict()
+    unscaled = torch.amp.GradScaler("cpu")  # a run that was not fp16 before: the scaler starts afresh
+    saved.pop("grad_scaler")
+    save_checkpoint(saved, checkpoint_path(run_dir))
+    restore(run_dir, model, optimizer, config, torch.device("cpu"), Distributed(), unscaled)
+    assert unscaled.state_dict()["scale"] == 2.0 ** 16
 
 
 def test_load_for_inference_rebuilds_config_model_and_tokenizer(trained_run, tmp_path):

@@ -27,7 +27,8 @@ NO_DROPOUT = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_laye
                         "dropout": 0.0, "attention_dropout": 0.0},
               "data": {"vocab_size": 300, "max_tokens_per_batch": 1024},
               "training": {"max_steps": 4, "warmup_steps": 2, "eval_every_steps": 4, "log_every_steps": 2,
-                           "keep_last_checkpoints": 0, "threads": 1}}
+                           "keep_last_checkpoints": 0, "threads": 1, "device": "cpu"}}
+"""A model without dropout, trained on the CPU (gloo) also on a machine with GPUs."""
 
 
 def test_two_processes_equal_one_with_accumulation(tmp_path, multi30k_subset):

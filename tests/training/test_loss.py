@@ -1,9 +1,10 @@
 import math
 
+import pytest
 import torch
 
 from tests.conftest import random_tokens, tiny_model
-from transformer.training.loss import CHUNK_ROWS, LossComputation, projected_label_smoothed_cross_entropy
+from transformer.training.loss import CHUNK_ROWS, LossComputation, chunk_rows, projected_label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -98,15 +99,18 @@ def test_loss_per_token_unchanged_by_extra_pad_rows():
     assert math.isclose(base.item() / n, padded.item() / n, rel_tol=1e-6)
 
 
-def test_chunked_rows_match_autograd_of_the_textbook_form_across_chunk_boundaries():
-    # More rows than CHUNK_ROWS, so the loss and both gradients are assembled from several chunks (one partial).
+@pytest.mark.parametrize("rows_per_chunk", [None, 100, 2 * CHUNK_ROWS + 37, 4096])
+def test_chunked_rows_match_autograd_of_the_textbook_form_across_chunk_boundaries(rows_per_chunk):
+    # More rows than CHUNK_ROWS (the CPU's default), so the loss and both gradients are assembled from several
+    # chunks (one partial); and other chunk sizes (a GPU's are larger: one chunk here).
     torch.manual_seed(3)
     n = 2 * CHUNK_ROWS + 37
     hidden, weight = torch.randn(n, 6, dtype=torch.double), torch.randn(17, 6, dtype=torch.double)
     target = torch.randint(0, 17, (n,))
     target[CHUNK_ROWS - 1:CHUNK_ROWS + 1] = PAD  # pad rows on both sides of a chunk boundary
+    target[99:101] = PAD
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    loss, nll = projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD)
+    loss, nll = projected_label_smoothed_cross_entropy(h, w, target, 0.1, PAD, rows_per_chunk=rows_per_chunk)
     (loss * 0.5).backward()
     ref_h, ref_w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     ref_loss, ref_nll = _autograd_reference(ref_h, ref_w, target, 0.1)
@@ -115,6 +119,12 @@ def test_chunked_rows_match_autograd_of_the_textbook_form_across_chunk_boundarie
     torch.testing.assert_close(nll, ref_nll.detach())
     torch.testing.assert_close(h.grad, ref_h.grad)
     torch.testing.assert_close(w.grad, ref_w.grad)
+
+
+def test_a_gpu_computes_larger_chunks_than_a_cpu():
+    assert chunk_rows("cpu", 8000) == CHUNK_ROWS
+    assert chunk_rows("cuda", 8192) == 4096 and chunk_rows("cuda", 37000) == 906
+    assert chunk_rows("cuda", 10 ** 6) == CHUNK_ROWS  # never fewer rows than the CPU's
 
 
 def test_autocast_multiplies_in_bf16_and_scores_in_float32():

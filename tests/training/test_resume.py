@@ -58,10 +58,15 @@ def _train_losses(run_dir: Path, key: str = "loss") -> list[float]:
     return [json.loads(line)[key] for line in lines if json.loads(line)["type"] == "train"]
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch, device):
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=pytest.mark.cuda)])
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config, monkeypatch, device, precision):
     # About 15 batches per epoch: the 20 steps cross an epoch boundary after the interruption at step 7.
-    # On CUDA, training.deterministic makes the kernels reproducible (CPU kernels are).
-    tiny_config = with_training(tiny_config, device=device.type, deterministic=device.type == "cuda")
+    # On CUDA, training.deterministic makes the kernels reproducible (CPU kernels are). fp16 (CUDA only) also
+    # resumes its loss scaler's state.
+    if precision == "fp16" and device.type != "cuda":
+        pytest.skip("fp16 trains on CUDA only")
+    tiny_config = with_training(tiny_config, device=device.type, deterministic=device.type == "cuda",
+                                precision=precision)
     full = train(tiny_config, tmp_path / "full")
     with monkeypatch.context() as patch:
         interrupt_after(patch, 7)
@@ -124,6 +129,10 @@ def test_sigint_saves_and_says_how_to_resume(tmp_path, multi30k_subset):
     assert "SIGINT: stopped at step" in stderr and "--resume" in stderr
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["train_state"]["step"] >= 5
+    # stderr is a pipe, not a terminal: plain log lines with the figures, no progress bar's carriage returns.
+    assert re.search(r"step 5/100000: loss \d+\.\d{3}, ppl [\d.]+, lr [\d.e+-]+, grad_norm [\d.]+, \d+ tgt tokens/s",
+                     stderr), stderr[-2000:]
+    assert "\r" not in stderr
 
 
 def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeypatch, device):

@@ -9,7 +9,9 @@ Every checkpoint is one dict of plain data and tensors (written atomically by `t
                  adds "vocab" and "export_order" (lists, see `Tokenizer`)
     train_state  `TrainState` as a dict: the position (step, epoch, batch_in_epoch), best_bleu, counters
     optimizer    optimizer state_dict                                  (last.pt and step_N.pt, not best.pt)
-    rng          {"torch", "python", "cuda"}: RNG states                (last.pt and step_N.pt, not best.pt)
+    rng          {"torch", "python", "cuda"}: RNG states; "cuda" is the  (last.pt and step_N.pt, not best.pt)
+                 training GPU's generator state, None off CUDA
+    grad_scaler  fp16 runs: the GradScaler's state_dict (loss scale)   (last.pt and step_N.pt, not best.pt)
 
 Files in `run_dir/checkpoints/`: `last.pt` (after every validation, every `save_every_steps`, and on SIGINT),
 `best.pt` (best validation BLEU so far; no optimizer or RNG state), `step_N.pt` (the last `keep_last_checkpoints`).
@@ -41,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_KEYS = ("model", "config", "vocab_sizes", "tokenizer", "train_state", "optimizer", "rng")
 """Top-level keys of last.pt and step_N.pt (best.pt has the first five)."""
+FP16_CHECKPOINT_KEYS = ("grad_scaler",)
+"""Keys that fp16 runs add to last.pt and step_N.pt."""
 
 
 @dataclass
@@ -77,24 +81,31 @@ def checkpoint_path(run_dir: str | Path, name: str = "last") -> Path:
 
 
 def checkpoint_state(model: Transformer, optimizer: Optional[torch.optim.Optimizer], tokenizer: Tokenizer,
-                     config: Config, state: TrainState) -> dict[str, Any]:
-    """The checkpoint dict (keys in the module docstring); without optimizer and RNG state if `optimizer` is None."""
+                     config: Config, state: TrainState, scaler: Optional[torch.amp.GradScaler] = None,
+                     device: Optional[torch.device] = None) -> dict[str, Any]:
+    """The checkpoint dict (keys in the module docstring); without optimizer, RNG and loss-scaler state if
+    `optimizer` is None. `device`: the training device, whose generator state is saved when it is a GPU."""
     out = {"model": model.state_dict(), "config": config.to_dict(),
            "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
            "tokenizer": tokenizer.to_dict(),
            "train_state": {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in asdict(state).items()}}
     if optimizer is not None:
         out["optimizer"] = optimizer.state_dict()
+        on_cuda = device is not None and device.type == "cuda"
         out["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+                      "cuda": torch.cuda.get_rng_state(device) if on_cuda else None}
+        if scaler is not None:
+            out["grad_scaler"] = scaler.state_dict()
     return out
 
 
 def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
                              tokenizer: Tokenizer, config: Config, state: TrainState, is_best: bool = False,
-                             keep_step_checkpoint: bool = False) -> None:
-    """Write last.pt (and best.pt, step_N.pt), pruning step checkpoints beyond `keep_last_checkpoints`."""
-    full = checkpoint_state(model, optimizer, tokenizer, config, state)
+                             keep_step_checkpoint: bool = False, scaler: Optional[torch.amp.GradScaler] = None,
+                             device: Optional[torch.device] = None) -> None:
+    """Write last.pt (and best.pt, step_N.pt), pruning step checkpoints beyond `keep_last_checkpoints`.
+    `scaler` (fp16) and `device` as in `checkpoint_state`."""
+    full = checkpoint_state(model, optimizer, tokenizer, config, state, scaler, device)
     save_checkpoint(full, checkpoint_path(run_dir, "last"))
     if is_best:
         save_checkpoint(checkpoint_state(model, None, tokenizer, config, state), checkpoint_path(run_dir, "best"))
@@ -164,8 +175,9 @@ def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> No
 
 
 def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, config: Config,
-            device: torch.device, dist: Distributed) -> TrainState:
-    """Load last.pt into model and optimizer, restore the RNG states, and return the saved `TrainState`.
+            device: torch.device, dist: Distributed, scaler: Optional[torch.amp.GradScaler] = None) -> TrainState:
+    """Load last.pt into model, optimizer and (fp16) the loss scaler, restore the RNG states, and return the saved
+    `TrainState`. A scaler that the checkpoint has no state for (the run was not fp16 before) starts afresh.
 
     Raises:
         CheckpointError: last.pt is missing or corrupt.
@@ -183,8 +195,13 @@ def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
     else:
         torch.set_rng_state(saved["rng"]["torch"].cpu())
         random.setstate(_as_tuple(saved["rng"]["python"]))
-        if saved["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in saved["rng"]["cuda"]])
+        cuda_state = saved["rng"].get("cuda")
+        if isinstance(cuda_state, list):  # older checkpoints: one state per visible GPU
+            cuda_state = cuda_state[device.index or 0] if len(cuda_state) > (device.index or 0) else None
+        if cuda_state is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(cuda_state.cpu(), device)
+    if scaler is not None and saved.get("grad_scaler"):
+        scaler.load_state_dict(saved["grad_scaler"])
     logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch,
                 state.batch_in_epoch)
     return state

@@ -1,18 +1,30 @@
 """Several processes, one model: torchrun detection and the few collectives the training loop needs.
 
 `torchrun --nproc_per_node N -m transformer train --config ...` starts N processes with RANK, WORLD_SIZE and
-LOCAL_RANK in their environment; `init_distributed` joins them into one process group (nccl on CUDA, gloo on
-CPU). A plain `transformer train` gets a `Distributed` of world size 1 whose collectives do nothing.
+LOCAL_RANK in their environment; `init_distributed` joins them into one process group (nccl when training on
+CUDA, gloo on the CPU). A plain `transformer train` gets a `Distributed` of world size 1 whose collectives do nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..device import DeviceError
+
+logger = logging.getLogger(__name__)
+
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
+"""How long a collective may wait for the slowest process before the job fails. Ranks other than 0 wait in one
+while rank 0 alone prepares the data of a new run (trains the tokenizer, encodes the validation set) and at each
+validation; torch's default for nccl (10 minutes) is too short for a large corpus's first start (`transformer
+prepare` beforehand makes that wait short)."""
 
 
 @dataclass(frozen=True)
@@ -61,21 +73,33 @@ class Distributed:
         return box[0]
 
 
-def init_distributed() -> Distributed:
+def init_distributed(device: torch.device) -> Distributed:
     """Join the torchrun process group if this process was started by torchrun (TORCHELASTIC_RUN_ID set, or
     WORLD_SIZE > 1).
 
-    Backend: nccl when CUDA is available, gloo otherwise (so the whole path runs on a CPU).
+    Args:
+        device: the training device (`training.device` resolved). On CUDA each process takes GPU LOCAL_RANK and the
+            backend is nccl; on any other device the backend is gloo (so the whole path runs on a CPU, also on a
+            machine that has GPUs).
+
+    Raises:
+        DeviceError: training on CUDA with more processes on this machine than GPUs visible (LOCAL_RANK >= the
+            number of GPUs).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
         return Distributed()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
+            if local_rank >= torch.cuda.device_count():
+                raise DeviceError(f"torchrun process LOCAL_RANK={local_rank} trains on CUDA, but this machine shows "
+                                  f"{torch.cuda.device_count()} GPU(s): start at most that many processes per "
+                                  "machine (--nproc_per_node), or train on the CPU (--set training.device=cpu)")
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=PROCESS_GROUP_TIMEOUT)
+    logger.info("process group: rank %d of %d, backend %s", rank, world_size, dist.get_backend())
     return Distributed(rank, world_size, local_rank, joined=True)
 
 

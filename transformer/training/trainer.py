@@ -26,6 +26,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,13 +99,12 @@ def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar
                 window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
             elif training.save_every_steps and state.step % training.save_every_steps == 0 and dist.is_main:
                 save_start = time.perf_counter()
-                save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
-                                         keep_step_checkpoint=True)
+                run.save(state, keep_step_checkpoint=True)
                 window_start += time.perf_counter() - save_start
             requested = stop.signal_name is not None
             if dist.any(requested, run.device) if dist.is_distributed else requested:
                 if dist.is_main:
-                    save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state)
+                    run.save(state)
                 raise TrainingInterrupted(
                     f"{stop.signal_name or 'another process was stopped'}: stopped at step {state.step}; saved "
                     f"{checkpoint_path(run.run_dir)}. Resume with the same command and --resume (make train RESUME=1)")
@@ -153,8 +153,9 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         raise ConfigError(f"--resume: no checkpoint {checkpoint_path(run_dir)} to resume from")
     if not resume:
         check_no_earlier_run(run_dir)
-    dist = init_distributed()
-    device = _setup(config, dist)
+    device = resolve_device(config.training.device)
+    dist = init_distributed(device)
+    device = _setup(config, dist, device)
     if init is not None and resume:
         raise ConfigError("--init-from starts a new run; --resume continues one from its own last.pt")
     tokenizer, train_cache, valid_data = prepare_data(config, run_dir, dist, init.tokenizer if init else None)
@@ -167,14 +168,16 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         logger.info("fine-tuning: weights and tokenizer from %s (sha256 %s)", init.path, init.sha256[:16])
     model = model.to(device)
     optimizer = build_optimizer(model, config.training, device)
-    state = restore(run_dir, model, optimizer, config, device, dist) if resume else TrainState()
+    # fp16 is never what precision "auto" resolves to: whether the run has a loss scaler is known here.
+    scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
+    state = restore(run_dir, model, optimizer, config, device, dist, scaler) if resume else TrainState()
     config = _resolve_precision(config, state, device, dist)
     module: nn.Module = LossComputation(model, config.training.label_smoothing)
-    if dist.is_distributed:
-        module = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+    if dist.is_distributed:  # buffers (the positional encoding table) are constants: nothing to broadcast
+        module = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                         broadcast_buffers=False)
     if config.training.compile:
         module = torch.compile(module)
-    scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
     logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
                 device, dist.world_size, len(train_data))
     metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None) if dist.is_main else None
@@ -183,8 +186,12 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
     run = TrainingRun(model, module, optimizer, scaler, tokenizer, train_data, valid_data, config, run_dir, device,
                       dist, metrics, board)
     try:
+        # A progress bar on a terminal; redirected to a file, a plain log line per log interval instead (a bar
+        # would write thousands of carriage returns into one line).
+        on_terminal = sys.stderr.isatty()
         with _StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
-                                          dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main) as bar:
+                                          dynamic_ncols=True, mininterval=1.0,
+                                          disable=not dist.is_main or not on_terminal) as bar:
             training_loop(run, state, stop, bar)
     finally:
         train_data.close()
@@ -218,10 +225,11 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
     total_loss = total_nll = 0.0
     device_type = batches[0].src.device.type
     dtype = _AUTOCAST_DTYPES.get(config.training.precision)
-    is_ddp = isinstance(module, DistributedDataParallel)
+    ddp = getattr(module, "_orig_mod", module)  # torch.compile's wrapper holds the DDP module
+    is_ddp = isinstance(ddp, DistributedDataParallel)
     for i, batch in enumerate(batches):
         skip_sync = is_ddp and i < len(batches) - 1  # no all-reduce on the accumulation steps
-        with module.no_sync() if skip_sync else contextlib.nullcontext():
+        with ddp.no_sync() if skip_sync else contextlib.nullcontext():
             with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 loss, nll = batch_loss(module, batch)
             scaled = loss * (world_size / n_tokens)
@@ -279,8 +287,15 @@ class TrainingRun:
     tensorboard: Optional[TensorBoardLog] = None
     """None on every process but rank 0, and when `training.tensorboard` is off."""
 
+    def save(self, state: TrainState, is_best: bool = False, keep_step_checkpoint: bool = False) -> None:
+        """Write last.pt (and best.pt, step_N.pt): `save_training_checkpoint` with this run's parts."""
+        save_training_checkpoint(self.run_dir, self.model, self.optimizer, self.tokenizer, self.config, state,
+                                 is_best=is_best, keep_step_checkpoint=keep_step_checkpoint, scaler=self.scaler,
+                                 device=self.device)
 
-def _setup(config: Config, dist: Distributed) -> torch.device:
+
+def _setup(config: Config, dist: Distributed, device: torch.device) -> torch.device:
+    """Seeds, threads and determinism for this process; its device (GPU LOCAL_RANK under torchrun on CUDA)."""
     random.seed(config.training.seed + dist.rank)
     torch.manual_seed(config.training.seed + dist.rank)  # dropout differs per process; DDP syncs the weights
     if config.training.threads:
@@ -288,7 +303,6 @@ def _setup(config: Config, dist: Distributed) -> torch.device:
     if config.training.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
         torch.use_deterministic_algorithms(True)
-    device = resolve_device(config.training.device)
     if device.type == "cuda" and dist.is_distributed:
         device = torch.device("cuda", dist.local_rank)
     if config.training.precision == "fp16" and device.type != "cuda":
@@ -357,8 +371,13 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) 
     run.metrics.write(record)
     if run.tensorboard is not None:
         run.tensorboard.write(record)
-    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
-                    tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+    if bar.disable:
+        logger.info("step %d/%d: loss %.3f, ppl %.2f, lr %.2e, grad_norm %.3f, %.0f tgt tokens/s", state.step,
+                    run.config.training.max_steps, record["loss"], record["ppl"], lr, grad_norm,
+                    record["tgt_tokens_per_s"])
+    else:
+        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
+                        tok_s=f"{record['tgt_tokens_per_s']:.0f}")
 
 
 def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
@@ -383,8 +402,7 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
             run.tensorboard.write(record)
         tqdm.write(f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
                    f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})")
-        save_training_checkpoint(run.run_dir, run.model, run.optimizer, run.tokenizer, run.config, state,
-                                 is_best=is_best, keep_step_checkpoint=True)
+        run.save(state, is_best=is_best, keep_step_checkpoint=True)
         patience = run.config.training.patience
         stop = bool(patience and state.evals_without_improvement >= patience)
         if stop:
