@@ -4,6 +4,9 @@ PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
 TORCH       ?= torch==2.13.0
+# Where pip also looks for torch: PyTorch's CPU-only builds (on Linux PyPI's torch is a CUDA build of several GB).
+# For a CUDA build: TORCH_INDEX=https://download.pytorch.org/whl/cu128, or TORCH_INDEX= for PyPI's.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 CONFIG      ?= configs/multi30k_de_en.yaml
 RUN_DIR     ?= runs/$(basename $(notdir $(CONFIG)))
 # Folder with the Multi30k files ({split}.{lang}.gz); empty: the recipe's own data.path (then the HF hub).
@@ -22,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q --retries 1 --timeout 30 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),) "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf,tensorboard]"
 	touch $@
 

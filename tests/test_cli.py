@@ -214,7 +214,7 @@ def test_bad_device_and_evaluate_overrides_are_user_errors(trained_run, capsys):
     # --set for evaluate goes through the same parser as train's, with the checkpoint named in the message
     assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--set", "training.max_steps=3"]) == 2
     err = capsys.readouterr().err
-    assert f"{ckpt} with --set training.max_steps=3" in err and "section among data" in err
+    assert f"{ckpt}: --set 'training.max_steps=3'" in err and "section among data" in err
     assert main(["evaluate", "--checkpoint", ckpt, "--split", "test", "--set", "data.max_len=-1"]) == 2
     assert "data.max_len" in capsys.readouterr().err
 

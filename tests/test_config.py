@@ -62,6 +62,8 @@ def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
         load_config(path, ["training.max_step=7"])
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(path, ["max_steps"])
+    with pytest.raises(ConfigError, match=r"section among .*; did you mean training\.max_steps\?$"):
+        load_config(path, ["trainin.max_steps=7"])
 
 
 def test_full_sharing_needs_joint_vocabulary(tmp_path):

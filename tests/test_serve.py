@@ -146,6 +146,8 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
     assert client.post("/attention", json={"text": "Ein Hund.", "beam_size": 99}).json()["field"] == "beam_size"
     no_type = client.post("/translate", content=b'{"text": ["Ein Hund."]}', headers={"content-type": "text/plain"})
     assert no_type.status_code == 422 and "Content-Type: application/json" in no_type.json()["error"]
+    typo = client.post("/translate", json={"text": "Ein Hund.", "beam_sze": 2}).json()
+    assert typo["field"] == "beam_sze" and typo["error"] == "unknown option; did you mean beam_size?"
     not_text = client.post("/translate", json={"text": 5}).json()
     assert not_text["field"] == "text" and "a sentence (a string) or a list of sentences" in not_text["error"]
     assert client.post("/translate", json={"text": SENTENCES}).status_code == 200

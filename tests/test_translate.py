@@ -61,8 +61,39 @@ def test_n_best_sorted_and_first_is_the_one_best(translator, test_lines):
     one_best = translator.translate(test_lines[:5], beam_size=5)
     for hyps, best in zip(n_best, one_best):
         scores = [score for _, score in hyps]
-        assert len(hyps) == 5 and scores == sorted(scores, reverse=True)
+        distinct = len({text for text, _ in hyps})  # distinct texts first, then any repeats, each part best first
+        assert len(hyps) == 5 and scores[:distinct] == sorted(scores[:distinct], reverse=True)
+        assert scores[distinct:] == sorted(scores[distinct:], reverse=True)
         assert hyps[0][0] == best
+
+
+def test_distinct_first_prefers_new_texts_and_keeps_n_entries():
+    from transformer.translate import distinct_first
+
+    hyps = [("a", -1.0), ("a", -1.1), ("b", -1.2), ("a", -1.3), ("c", -1.4)]
+    assert distinct_first(hyps, 3) == [("a", -1.0), ("b", -1.2), ("c", -1.4)]
+    assert distinct_first(hyps, 4) == [("a", -1.0), ("b", -1.2), ("c", -1.4), ("a", -1.1)]
+    assert distinct_first(hyps[:2], 2) == hyps[:2]  # too few distinct texts: the repeat fills the list
+
+
+def test_n_best_texts_are_distinct_where_the_beam_found_them(translator, test_lines, monkeypatch):
+    """Two piece sequences can spell one text. Here a decoder that keeps only each hypothesis' first word makes
+    repeats common: the n-best list takes new texts from all of the beam's hypotheses before any repeat."""
+    decode = translator.tokenizer.decode_tgt
+    monkeypatch.setattr(translator.tokenizer, "decode_tgt", lambda ids: (decode(ids).split() or [""])[0])
+    from transformer.translate import distinct_first
+
+    lines = test_lines[:8]
+    everything = translator.translate_n_best(lines, beam_size=5, n_best=5)  # the whole beam
+    three = translator.translate_n_best(lines, beam_size=5, n_best=3)
+    found_repeats = False
+    for all_hyps, hyps in zip(everything, three):
+        texts = [text for text, _ in all_hyps]
+        found_repeats |= len(set(texts)) < 5
+        assert len(hyps) == 3 and len({t for t, _ in hyps}) == min(3, len(set(texts)))
+        raw = sorted(all_hyps, key=lambda h: -h[1])  # the beam's order, by score
+        assert hyps == distinct_first(raw, 3)
+    assert found_repeats  # the decoder above did make the beam repeat texts
 
 
 def test_one_word_inputs_are_capped(translator, caplog):

@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(translate)
 
     evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
-    evaluate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint or an exported "
-                          "CTranslate2 folder; repeated: an ensemble")
+    evaluate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint, an exported "
+                          "CTranslate2 folder or a MarianMT folder; repeated: an ensemble")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument("--ref", nargs="+", metavar="REF",
                           help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
@@ -136,23 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
 
     attention = command("attention", help="translate a sentence and plot (or dump) its attention weights")
-    attention.add_argument("--checkpoint", required=True)
+    attention.add_argument("--checkpoint", required=True, help="a .pt checkpoint or a MarianMT folder")
     attention.add_argument("sentence", help="the source sentence")
     attention.add_argument("--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json")
     attention.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
     attention.add_argument("--head", type=int, help="one head only (default: every head plus their mean)")
-    attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"])
+    attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"],
+                           help="which attention: encoder-decoder (cross), either self-attention, or all three "
+                           "(default)")
     attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
     attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
-    attention.add_argument("--device", default="cpu")
+    attention.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
 
     plot = command("plot", help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl")
     plot.add_argument("--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs")
     plot.add_argument("--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)")
 
     serve = command("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
-    serve.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint or an exported "
-                       "CTranslate2 folder (no /attention for the latter); repeated: an ensemble")
+    serve.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint, a MarianMT folder or "
+                       "an exported CTranslate2 folder (no /attention for the latter); repeated: an ensemble")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")

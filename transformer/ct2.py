@@ -40,7 +40,7 @@ from .decoding.beam import gnmt_length_penalty
 from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import SPECIAL_PIECES, Tokenizer
-from .translate import check_workers, decoding_options
+from .translate import candidates_for, check_workers, decoding_options, distinct_first
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +245,7 @@ class CTranslate2Translator:
                           prefixes: Optional[list[Optional[str]]]) -> list[list[tuple[str, float]]]:
         """`translate_n_best` of stripped sentences and their source ids (`Tokenizer.src_ids`)."""
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in texts]
+        searched = candidates_for(opts)  # beam search's n-best: distinct texts first, as `Translator`'s
         kept = [i for i, t in enumerate(texts) if t]
         limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
         tokenizer = self.tokenizer
@@ -264,7 +265,7 @@ class CTranslate2Translator:
                             sampling_temperature=opts.temperature) if opts.sampling else {}
             out = self.model.translate_batch(
                 source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
-                num_hypotheses=opts.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
+                num_hypotheses=searched.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
                 no_repeat_ngram_size=opts.no_repeat_ngram_size, return_scores=False, max_batch_size=opts.batch_size,
                 target_prefix=[targets[i] for i in chunk] if prefixes is not None else None,
                 suppress_sequences=self._long_runs(opts.max_repeat), **sampling)
@@ -274,6 +275,8 @@ class CTranslate2Translator:
             for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
                 results[i] = [(tokenizer.decode_tgt(tokenizer.piece_ids(h)), score)
                               for h, score in zip(sentence_hyps, sentence_scores)]
+                if searched is not opts:
+                    results[i] = distinct_first(results[i], opts.n_best)
         return results
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:

@@ -195,6 +195,10 @@ class Translator:
         """Translate sentences and return the n best (text, score) pairs of each, best first; with sampling, n_best
         independent samples in the order drawn, each scored by the model's log-probability of its tokens.
 
+        Beam search's n-best texts are distinct where its beam found that many distinct texts (`distinct_first`:
+        two piece sequences can spell the same text, e.g. `▁truck` and `▁tr u ck` after BPE-dropout training);
+        samples are independent draws and may repeat.
+
         With scores=False greedy decoding (beam_size 1) skips the log-softmax and reports NaN scores (see
         `decode_ids`); beam search and sampling compute them anyway.
 
@@ -214,11 +218,16 @@ class Translator:
         prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
                                                     for p in prefixes]
 
+        searched = candidates_for(options)
+
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
             src_ids, n_truncated = self._with_eos(texts, ids)
-            hypotheses = self.decode_ids(src_ids, options, scores=scores, prefix_ids=prefix_ids)
+            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids)
             self.stats.n_truncated = n_truncated
-            return [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+            texts_scores = [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+            if options.n_best == 1 or options.sampling:
+                return texts_scores
+            return [distinct_first(hyps, options.n_best) for hyps in texts_scores]
 
         results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, options.copy_unknown,
                                              self.align)
@@ -353,6 +362,28 @@ def check_workers(workers: int) -> None:
     """Raises OptionError unless `workers` (batches decoded at once) is at least 1."""
     if workers < 1:
         raise OptionError("{workers}: must be at least 1", workers=workers)
+
+
+def candidates_for(options: DecodingConfig) -> DecodingConfig:
+    """What to ask the search for to pick `options.n_best` distinct texts from: every finished hypothesis of beam
+    search (n_best = beam_size; the search itself does not depend on n_best), when more than one is asked for;
+    `options` itself otherwise (one hypothesis, or sampling)."""
+    if options.n_best > 1 and not options.sampling:
+        return dataclasses.replace(options, n_best=options.beam_size)
+    return options
+
+
+def distinct_first(hypotheses: list[tuple[str, float]], n: int) -> list[tuple[str, float]]:
+    """The first `n` of `hypotheses` (text, score), best first, taking texts not seen before first: subword models
+    can spell one text with different pieces (after BPE-dropout training they do), so a beam's best hypotheses may
+    repeat a text. When fewer than `n` texts are distinct, the best repeats fill the list (so that every input
+    keeps `n` entries); a wider beam finds more distinct texts."""
+    seen: set[str] = set()
+    distinct, repeats = [], []
+    for hypothesis in hypotheses:
+        (repeats if hypothesis[0] in seen else distinct).append(hypothesis)
+        seen.add(hypothesis[0])
+    return (distinct + repeats)[:n]
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:

@@ -99,8 +99,10 @@ def _apply_override(raw: dict[str, Any], override: str, sections: tuple[str, ...
     dotted, text = override.split("=", 1)
     parts = dotted.strip().split(".")
     if len(parts) != 2 or parts[0] not in sections:
+        close = difflib.get_close_matches(parts[0], sections, n=1) if len(parts) == 2 else []
+        hint = f"; did you mean {close[0]}.{parts[1]}?" if close else ""
         raise ConfigError(f"--set {override!r}: the key must be section.key with a section among "
-                          f"{', '.join(sections)}")
+                          f"{', '.join(sections)}{hint}")
     section = raw.setdefault(parts[0], {})
     if section is None:
         section = raw[parts[0]] = {}
@@ -166,8 +168,8 @@ def read_raw_config(path: str | Path, overrides: tuple[str, ...] | list[str] = (
         try:
             for override in overrides:
                 _apply_override(raw, override)
-        except ConfigError as err:
-            raise ConfigError(f"{path} with --set {' '.join(overrides)}: {err}") from None
+        except ConfigError as err:  # the message names the --set it is about
+            raise ConfigError(f"{path}: {err}") from None
     return raw
 
 
@@ -192,6 +194,9 @@ def _with_overrides(raw: dict[str, Any], overrides: tuple[str, ...] | list[str],
     try:
         for override in overrides:
             _apply_override(raw, override, sections)
+    except ConfigError as err:  # the message names the --set it is about
+        raise ConfigError(f"{source}: {err}") from None
+    try:
         config = config_from_dict(raw, vocab_sizes)
         check(config)
         return config

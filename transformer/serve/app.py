@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import time
 from collections.abc import Awaitable
@@ -399,6 +400,10 @@ def _add_error_handlers(app: FastAPI) -> None:
                 return _error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
             field = _field(tuple(e["loc"]))
             message = "unknown option" if e["type"] == "extra_forbidden" else e["msg"]
+            if e["type"] == "extra_forbidden":
+                model = AttentionRequest if request.url.path.rstrip("/").endswith("attention") else TranslateRequest
+                close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), n=1)
+                message += f"; did you mean {close[0]}?" if close else ""
             if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
                 message += " (send the JSON object with the header Content-Type: application/json)"
             elif field == "text" and e["type"] == "list_type":
