@@ -93,3 +93,39 @@ def test_resume_with_a_different_number_of_processes(tmp_path, multi30k_subset):
     assert state.step == 6
     before = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["train_state"]
     assert before["step"] == 6 and before["batch_in_epoch"] == 4 * 2 + 2  # 2 batches per update, then 1
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "gloo"), ("cuda", "nccl")])
+def test_the_backend_follows_the_training_device_on_a_machine_with_gpus(monkeypatch, device, backend):
+    """CPU training under torchrun on a machine with GPUs joins with gloo (nccl has no CPU tensors); CUDA training
+    with nccl, each process on GPU LOCAL_RANK. The process group itself is not created: its arguments are checked."""
+    from transformer.training import distributed
+
+    joined, chosen = {}, []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: joined.update(kwargs))
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: joined["backend"])
+    place = distributed.init_distributed(torch.device(device))
+    assert joined == {"backend": backend, "timeout": distributed.PROCESS_GROUP_TIMEOUT}
+    assert chosen == ([1] if device == "cuda" else [])
+    assert (place.rank, place.world_size, place.local_rank, place.joined) == (1, 2, 1, True)
+
+
+def test_more_processes_than_gpus_is_refused_in_one_line(monkeypatch):
+    from transformer.device import DeviceError
+    from transformer.training import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: pytest.fail("joined"))
+    with pytest.raises(DeviceError, match=r"LOCAL_RANK=1 trains on CUDA, but this machine shows 1 GPU\(s\)"):
+        distributed.init_distributed(torch.device("cuda"))
