@@ -113,8 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(translate)
 
     evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
-    evaluate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint, an exported "
-                          "CTranslate2 folder or a MarianMT folder; repeated: an ensemble")
+    evaluate.add_argument("--checkpoint", required=True, action="append", help="as translate's")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument("--ref", nargs="+", metavar="REF",
                           help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
@@ -142,8 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
     attention.add_argument("--head", type=int, help="one head only (default: every head plus their mean)")
     attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"],
-                           help="which attention: encoder-decoder (cross), either self-attention, or all three "
-                           "(default)")
+                           help="encoder-decoder (cross), either self-attention, or all three (default)")
     attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
     attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
     attention.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")

@@ -5,7 +5,8 @@ Order of one update (the familiar one): set the learning rate → forward and ba
 
 Where the rest lives: the data of a run (tokenizer, token cache, epoch batches) in `training/data.py`, the loss
 module in `training/loss.py`, validation and the metrics log in `training/validate.py`, the checkpoint format and
-the resume contract in `training/checkpoint.py`, the learning-rate schedule in `training/optim.py`.
+the resume contract in `training/checkpoint.py`, the learning-rate schedule in `training/optim.py`, Ctrl-C
+handling in `training/stop.py`.
 
 The run directory holds:
     config.yaml                 the resolved config
@@ -25,12 +26,11 @@ import logging
 import math
 import os
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -50,13 +50,14 @@ from .distributed import Distributed, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
+from .stop import StopRequest
 from .tensorboard import SAMPLES, TensorBoardLog, cross_attention, source_text, wants_tensorboard
 from .validate import MetricsLog, validate
 
 logger = logging.getLogger(__name__)
 
 
-def training_loop(run: TrainingRun, state: TrainState, stop: "_StopRequest", bar: tqdm) -> None:
+def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: tqdm) -> None:
     """Updates until max_steps (or max_epochs, or early stopping): learning rate, forward/backward, step, log,
     validate and checkpoint, step checkpoint; on SIGINT/SIGTERM save last.pt and raise `TrainingInterrupted`."""
     training, data, dist = run.config.training, run.train_data, run.dist
@@ -189,7 +190,7 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         # A progress bar on a terminal; redirected to a file, a plain log line per log interval instead (a bar
         # would write thousands of carriage returns into one line).
         on_terminal = sys.stderr.isatty()
-        with _StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
+        with StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
                                           dynamic_ncols=True, mininterval=1.0,
                                           disable=not dist.is_main or not on_terminal) as bar:
             training_loop(run, state, stop, bar)
@@ -422,25 +423,3 @@ def _board_validation(run: TrainingRun, step: int, hypotheses: list[str], hypoth
                                                           hypothesis_ids[0], run.device)
         run.tensorboard.write_attention(step, weights, src_pieces, tgt_pieces)
 
-
-class _StopRequest:
-    """SIGINT/SIGTERM handler: remember the request, finish the current update, then stop."""
-
-    def __init__(self) -> None:
-        self.signal_name: Optional[str] = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopRequest":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not in the main thread
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
