@@ -148,15 +148,18 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
     run_dir = tmp_path / "run"
     epochs = SampledEpochs(cache, data, bpe, 7, run_dir)
     try:
-        assert epochs.epoch(0) is cache  # epoch 0: the token cache; epoch 1 starts building
+        assert epochs.epoch(0) is cache  # epoch 0: the token cache
+        epochs.prefetch(1)  # epoch 1 starts building in the background
         one = epochs.epoch(1)
         assert len(one) > 3000 and not np.array_equal(one.tgt_lengths, cache.tgt_lengths)
-        two = epochs.epoch(2)
+        two = epochs.epoch(2)  # not asked for ahead: built now
         assert not sample_folder(run_dir, 1).exists() and (sample_folder(run_dir, 2) / "meta.json").exists()
         assert not np.array_equal(one.tgt_ids[:1000], two.tgt_ids[:1000])
+        assert not sample_folder(run_dir, 3).exists()  # nothing is built without being asked for
+        epochs.prefetch(3)
         deadline = time.time() + 300
         while not (sample_folder(run_dir, 3) / "meta.json").exists() and time.time() < deadline:
-            time.sleep(0.2)  # epoch 3 is built ahead, without being asked for
+            time.sleep(0.2)  # epoch 3 is built ahead, in the background
         assert (sample_folder(run_dir, 3) / "meta.json").exists()
     finally:
         epochs.close()

@@ -304,10 +304,16 @@ def test_resume_with_subword_sampling_sees_the_same_pieces(tmp_path, tiny_config
     # background. Interrupted in epoch 1 (its sample complete: the run waited for it at the epoch's first update),
     # with the sample deleted, the resumed run encodes it again to the same ids and ends with the same weights as the
     # uninterrupted run.
+    from transformer.data.subword_sampling import SampledEpochs
+
     config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, subword_sampling=True))
-    full = train(config, tmp_path / "full")
+    asked, prefetch = [], SampledEpochs.prefetch
+    with monkeypatch.context() as patch:
+        patch.setattr(SampledEpochs, "prefetch", lambda self, epoch: asked.append(epoch) or prefetch(self, epoch))
+        full = train(config, tmp_path / "full")
     first_in_epoch_1 = full.step - full.batch_in_epoch + 1  # the update that waited for epoch 1's sample
     assert full.epoch == 1 and first_in_epoch_1 < full.step
+    assert asked == [1]  # built ahead while epoch 0 trained; not epoch 2, which the run (ending in epoch 1) never sees
     with monkeypatch.context() as patch:
         interrupt_after(patch, first_in_epoch_1 + 1)
         with pytest.raises(TrainingInterrupted, match=f"stopped at step {first_in_epoch_1 + 1}"):

@@ -281,7 +281,7 @@ def _worker_command(job: Path) -> tuple[list[str], dict[str, str]]:
 
 class SampledEpochs:
     """The training pairs of each epoch with data.subword_sampling: the token cache for epoch 0, then one fresh
-    sample per epoch, each built in the background while the epoch before it trains.
+    sample per epoch, each built in the background while the epoch before it trains (`prefetch`).
 
     Args:
         cache: the token cache of the training split (epoch 0), as `get_token_cache` opens it: its spec is part of
@@ -308,7 +308,8 @@ class SampledEpochs:
         return len(self.cache)
 
     def epoch(self, epoch: int) -> EncodedPairs:
-        """The pairs of `epoch` (waiting for its sample if it is not ready); starts building the next epoch's.
+        """The pairs of `epoch` (waiting for its sample if it is not ready, building it now if nobody started it);
+        earlier epochs' samples are removed.
 
         Raises:
             DataError: the background process failed (its error is in the log above).
@@ -317,8 +318,13 @@ class SampledEpochs:
         pairs = self.cache if epoch == 0 else self._sample(epoch)
         if self.build:
             self._remove_before(epoch)
-            self._start(epoch + 1)
         return pairs
+
+    def prefetch(self, epoch: int) -> None:
+        """Start building `epoch`'s sample in the background (the training loop asks while the epoch before it
+        trains, unless the run ends within that epoch)."""
+        if self.build and epoch > 0:
+            self._start(epoch)
 
     def close(self) -> None:
         """Stop a background build still running (its temporary folder is removed)."""

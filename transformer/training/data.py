@@ -133,6 +133,9 @@ class CacheEpochs:
     def epoch(self, epoch: int) -> EncodedPairs:
         return self.cache
 
+    def prefetch(self, epoch: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -68,6 +68,8 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
     while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
         pairs = data.epoch(state.epoch)  # the token cache, or this epoch's subword sample
         batches = epoch_batches(pairs, run.config, state.epoch)
+        if _goes_past(run, state, len(batches)):
+            data.prefetch(state.epoch + 1)  # the next epoch's subword sample, built while this one trains
         while state.batch_in_epoch < len(batches) and state.step < training.max_steps:
             update = _next_update(run, batches, state)  # the batches of one update, over all processes
             if update is None:
@@ -339,6 +341,15 @@ def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState)
         return None
     state.batch_in_epoch += len(update)
     return update
+
+
+def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
+    """Whether the run may go on past the current epoch: not when max_steps or max_epochs ends it here (the
+    updates left in the epoch are counted low, so that a run that does go on never lacks its next sample)."""
+    training = run.config.training
+    updates_left = (n_batches - state.batch_in_epoch) // (training.accumulate_steps * run.dist.world_size)
+    return state.step + updates_left < training.max_steps and not (
+        training.max_epochs and state.epoch + 1 >= training.max_epochs)
 
 
 def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
