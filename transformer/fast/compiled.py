@@ -293,6 +293,15 @@ class CompiledDecoder:
         return logits[:rows]
 
 
+def forget_compiled() -> None:
+    """Drop all code torch.compile has compiled in this process. The compiled steps' code is shared by every
+    `CompiledDecoder` of the process: one for a model of other sizes compiles again, with guards that the first
+    model's sizes shaped (tests that count compiles start from here)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def compiled_graphs() -> int:
     """How many graphs torch.compile has compiled in this process so far (a count that only grows)."""
     from torch._dynamo.utils import counters

@@ -27,6 +27,7 @@ import torch
 from ..config import BOS_ID, Config, ConfigError
 from ..model import Transformer
 from ..tokenizer import Tokenizer
+from .data import ValidationSet
 
 SAMPLES = 3
 """Validation sentences shown as text at each validation."""
@@ -92,6 +93,18 @@ class TensorBoardLog:
                              f"source (columns): {' '.join(src_pieces)}\n\n"
                              f"target (rows): {' '.join(tgt_pieces)}", step)
         self.writer.flush()
+
+    def write_validation(self, step: int, model: Transformer, tokenizer: Tokenizer, valid: ValidationSet,
+                         hypotheses: list[str], hypothesis_ids: list[list[int]], device: torch.device) -> None:
+        """The first `SAMPLES` validation translations with their sources and references, and the cross-attention
+        image of the first validation sentence's translation."""
+        n = min(SAMPLES, len(hypotheses))
+        sources = [source_text(tokenizer, valid.pairs.src(i).tolist()) for i in range(n)]
+        self.write_samples(step, sources, valid.references[:n], hypotheses[:n])
+        if hypothesis_ids:
+            weights, src_pieces, tgt_pieces = cross_attention(model, tokenizer, valid.pairs.src(0).tolist(),
+                                                              hypothesis_ids[0], device)
+            self.write_attention(step, weights, src_pieces, tgt_pieces)
 
     def close(self) -> None:
         self.writer.close()

@@ -51,7 +51,7 @@ from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
 from .stop import StopRequest
-from .tensorboard import SAMPLES, TensorBoardLog, cross_attention, source_text, wants_tensorboard
+from .tensorboard import TensorBoardLog, wants_tensorboard
 from .validate import MetricsLog, validate
 
 logger = logging.getLogger(__name__)
@@ -400,7 +400,8 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
         result = validate(run.model, run.tokenizer, run.valid_data, run.config, run.device)
         hypotheses, hypothesis_ids = result.pop("hypotheses"), result.pop("hypothesis_ids")
         if run.tensorboard is not None:
-            _board_validation(run, state.step, hypotheses, hypothesis_ids)
+            run.tensorboard.write_validation(state.step, run.model, run.tokenizer, run.valid_data, hypotheses,
+                                             hypothesis_ids, run.device)
         run.module.train()
         is_best = result["bleu"] > state.best_bleu
         if is_best:
@@ -422,15 +423,3 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
     state.best_bleu, state.evals_without_improvement, stop = run.dist.broadcast(
         (state.best_bleu, state.evals_without_improvement, stop))
     return stop
-
-
-def _board_validation(run: TrainingRun, step: int, hypotheses: list[str], hypothesis_ids: list[list[int]]) -> None:
-    """Sample translations and the attention image of the first validation sentence for TensorBoard."""
-    pairs, n = run.valid_data.pairs, min(SAMPLES, len(hypotheses))
-    sources = [source_text(run.tokenizer, pairs.src(i).tolist()) for i in range(n)]
-    run.tensorboard.write_samples(step, sources, run.valid_data.references[:n], hypotheses[:n])
-    if hypothesis_ids:
-        weights, src_pieces, tgt_pieces = cross_attention(run.model, run.tokenizer, pairs.src(0).tolist(),
-                                                          hypothesis_ids[0], run.device)
-        run.tensorboard.write_attention(step, weights, src_pieces, tgt_pieces)
-
