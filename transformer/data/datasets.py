@@ -193,6 +193,8 @@ class HuggingFaceSplit(SplitSource):
     def __init__(self, split: str, data: DataConfig) -> None:
         import datasets
 
+        for library in ("datasets", "huggingface_hub"):  # they print with a handler of their own: not twice
+            logging.getLogger(library).propagate = False
         hf_split = data.hf_split_names.get(split, split)
         origin = data.hf_dataset if data.data_files is None else f"{data.hf_dataset} files {data.data_files}"
         kwargs = {}
