@@ -270,28 +270,31 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {}
     errors: dict[str, str] = {}
 
-    def stage(name: str, run):
-        stage_start = time.perf_counter()
+    def stage(name: str, run, keep):
+        """Run one stage; `keep` puts its result into the figures, which are then written to figures.json."""
+        stage_start, result = time.perf_counter(), None
         try:
-            return run()
+            result = run()
+            keep(result)
         except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
             errors[name] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
-            return None
-        finally:
-            print(f"gpu_check: {name}: {'failed' if name in errors else 'done'} in "
-                  f"{time.perf_counter() - stage_start:.1f} s", file=sys.stderr, flush=True)
-            (work / "figures.json").write_text(json.dumps({**figures, "errors": errors}) + "\n")
+        print(f"gpu_check: {name}: {'failed' if name in errors else 'done'} in "
+              f"{time.perf_counter() - stage_start:.1f} s", file=sys.stderr, flush=True)
+        (work / "figures.json").write_text(json.dumps({**figures, "errors": errors}) + "\n")
+        return result
+
+    def keep_as(key: str):
+        return lambda result: figures.__setitem__(key, result)
 
     if device.type == "cuda" and not torch.cuda.is_available():
         errors["environment"] = "no CUDA device visible to torch"
         print(json.dumps({"device": "cuda", "torch": torch.__version__, "errors": errors}))
         return 1
-    env = stage("environment", lambda: environment(device, quick)) or {}
-    figures.update(env)
-    figures["tests"] = stage("tests", functools.partial(device_tests, Path(args.shared), device))
+    env = stage("environment", lambda: environment(device, quick), figures.update) or {}
+    stage("tests", functools.partial(device_tests, Path(args.shared), device), keep_as("tests"))
     sets = data_settings(work / "corpus", work, quick)
-    figures.update(stage("data", lambda: make_data(args, work, sets)) or {})
+    stage("data", lambda: make_data(args, work, sets), figures.update)
     peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32")
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     models = [("base", args.config)]
@@ -302,20 +305,20 @@ def main(argv: list[str] | None = None) -> int:
         figures["train"][name] = {}
         for precision in precisions:
             out = stage(f"train {name} {precision}", functools.partial(
-                measure_training, config_path, sets, precision, work, device, args, peak))
-            if out is not None:
-                figures["train"][name][precision] = out[0]
-                if name == "base":
-                    trained = out[1:]
+                measure_training, config_path, sets, precision, work, device, args, peak),
+                functools.partial(lambda runs, key, result: runs.__setitem__(key, result[0]),
+                                  figures["train"][name], precision))
+            if out is not None and name == "base":
+                trained = out[1:]
             del out
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if trained is not None:
-        figures["decode"] = stage("decode", functools.partial(measure_decoding, *trained, args.config, sets,
-                                                              work / "corpus", device, args.sentences))
+        stage("decode", functools.partial(measure_decoding, *trained, args.config, sets, work / "corpus", device,
+                                          args.sentences), keep_as("decode"))
     else:
         errors["decode"] = "no trained base model"
-    figures["torchrun"] = stage("torchrun", lambda: torchrun_check(args.config, sets, work, device))
+    stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors
     (work / "figures.json").write_text(json.dumps(figures) + "\n")
