@@ -123,7 +123,8 @@ def device_tests(shared: Path, device: torch.device) -> dict:
                             timeout=STAGE_TIMEOUT_S["tests"])
     lines = result.stdout.strip().splitlines()
     summary = lines[-1] if lines else result.stderr[-500:]
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary)}
+    counts = {("errors" if k.startswith("error") else k): int(n)  # pytest says "1 error", "2 errors"
+              for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary)}
     out = {**counts, "s": round(time.perf_counter() - start, 1), "summary": summary}
     if result.returncode != 0 or not counts.get("passed"):
         failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
@@ -275,10 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         stage_start, result = time.perf_counter(), None
         try:
             result = run()
-            keep(result)
         except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
             errors[name] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
+        keep(result)  # None for a failed stage: its figures are null
         print(f"gpu_check: {name}: {'failed' if name in errors else 'done'} in "
               f"{time.perf_counter() - stage_start:.1f} s", file=sys.stderr, flush=True)
         (work / "figures.json").write_text(json.dumps({**figures, "errors": errors}) + "\n")
@@ -291,10 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         errors["environment"] = "no CUDA device visible to torch"
         print(json.dumps({"device": "cuda", "torch": torch.__version__, "errors": errors}))
         return 1
-    env = stage("environment", lambda: environment(device, quick), figures.update) or {}
+    env = stage("environment", lambda: environment(device, quick), lambda result: figures.update(result or {})) or {}
     stage("tests", functools.partial(device_tests, Path(args.shared), device), keep_as("tests"))
     sets = data_settings(work / "corpus", work, quick)
-    stage("data", lambda: make_data(args, work, sets), figures.update)
+    stage("data", lambda: make_data(args, work, sets), lambda result: figures.update(result or {}))
     peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32")
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     models = [("base", args.config)]
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision in precisions:
             out = stage(f"train {name} {precision}", functools.partial(
                 measure_training, config_path, sets, precision, work, device, args, peak),
-                functools.partial(lambda runs, key, result: runs.__setitem__(key, result[0]),
+                functools.partial(lambda runs, key, result: runs.__setitem__(key, result and result[0]),
                                   figures["train"][name], precision))
             if out is not None and name == "base":
                 trained = out[1:]

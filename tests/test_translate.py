@@ -70,10 +70,13 @@ def test_n_best_sorted_and_first_is_the_one_best(translator, test_lines):
 def test_distinct_first_prefers_new_texts_and_keeps_n_entries():
     from transformer.translate import distinct_first
 
-    hyps = [("a", -1.0), ("a", -1.1), ("b", -1.2), ("a", -1.3), ("c", -1.4)]
-    assert distinct_first(hyps, 3) == [("a", -1.0), ("b", -1.2), ("c", -1.4)]
-    assert distinct_first(hyps, 4) == [("a", -1.0), ("b", -1.2), ("c", -1.4), ("a", -1.1)]
-    assert distinct_first(hyps[:2], 2) == hyps[:2]  # too few distinct texts: the repeat fills the list
+    texts = ["a", "a", "b", "a", "c"]
+    assert distinct_first(texts, 3) == [0, 2, 4]
+    assert distinct_first(texts, 4) == [0, 2, 4, 1]
+    assert distinct_first(texts[:2], 2) == [0, 1]  # too few distinct texts: the repeat fills the list
+    # Hypotheses cut at the length cap come after every finished one, repeats included, new texts first.
+    assert distinct_first(["a", "a", "x", "y", "x"], 4, [True, True, False, False, False]) == [0, 1, 2, 3]
+    assert distinct_first(["a", "b", "a", "c"], 3, [True, False, True, False]) == [0, 2, 1]
 
 
 def test_n_best_texts_are_distinct_where_the_beam_found_them(translator, test_lines, monkeypatch):
@@ -91,8 +94,8 @@ def test_n_best_texts_are_distinct_where_the_beam_found_them(translator, test_li
         texts = [text for text, _ in all_hyps]
         found_repeats |= len(set(texts)) < 5
         assert len(hyps) == 3 and len({t for t, _ in hyps}) == min(3, len(set(texts)))
-        raw = sorted(all_hyps, key=lambda h: -h[1])  # the beam's order, by score
-        assert hyps == distinct_first(raw, 3)
+        raw = sorted(all_hyps, key=lambda h: -h[1])  # the beam's order, by score (all finished here)
+        assert hyps == [raw[i] for i in distinct_first([t for t, _ in raw], 3)]
     assert found_repeats  # the decoder above did make the beam repeat texts
 
 

@@ -76,8 +76,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         parts = path.as_posix().split("/")
         if len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists():  # looks like a Hub id
-            raise CheckpointError(f"{path}: checkpoint not found; a Hugging Face model is read from a folder: "
-                                  f"hf download {path} --local-dir {parts[1]}, then --checkpoint {parts[1]}")
+            raise CheckpointError(f"{path}: checkpoint not found (if it names a Hugging Face model, download it to a "
+                                  f"folder and give that: hf download {path} --local-dir {parts[1]})")
         raise CheckpointError(f"{path}: checkpoint not found")
     with open(path, "rb") as f:
         head = f.read(4)

@@ -224,7 +224,8 @@ class CTranslate2Translator:
     def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
                          prefixes: Optional[list[Optional[str]]] = None,
                          **options: Any) -> list[list[tuple[str, float]]]:
-        """Per sentence, the n best (text, score) pairs, best first (empty input: one empty output); with
+        """Per sentence, the n best (text, score) pairs, best first with distinct texts first as `Translator`'s
+        (empty input: one empty output); with
         scores=False CTranslate2 does not compute them and each score is NaN. `prefixes`: as `Translator`'s
         (CTranslate2's target_prefix). Text the vocabulary lacks is copied through as by `Translator`, at its
         relative position (`transformer/passthrough.py`)."""
@@ -271,12 +272,14 @@ class CTranslate2Translator:
                 suppress_sequences=self._long_runs(opts.max_repeat), **sampling)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
+            hyp_texts = [[tokenizer.decode_tgt(tokenizer.piece_ids(h)) for h in sentence] for sentence in hyps]
+            if opts.n_best > 1 and not opts.sampling:  # distinct texts first, chosen before the (costly) scoring
+                chosen = [distinct_first(t, opts.n_best) for t in hyp_texts]
+                hyps = [[h[c] for c in cs] for h, cs in zip(hyps, chosen)]
+                hyp_texts = [[t[c] for c in cs] for t, cs in zip(hyp_texts, chosen)]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
-            for i, sentence_hyps, sentence_scores in zip(chunk, hyps, hyp_scores):
-                results[i] = [(tokenizer.decode_tgt(tokenizer.piece_ids(h)), score)
-                              for h, score in zip(sentence_hyps, sentence_scores)]
-                if searched is not opts:
-                    results[i] = distinct_first(results[i], opts.n_best)
+            for i, sentence_texts, sentence_scores in zip(chunk, hyp_texts, hyp_scores):
+                results[i] = list(zip(sentence_texts, sentence_scores))
         return results
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:

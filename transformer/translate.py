@@ -196,8 +196,8 @@ class Translator:
         independent samples in the order drawn, each scored by the model's log-probability of its tokens.
 
         Beam search's n-best texts are distinct where its beam found that many distinct texts (`distinct_first`:
-        two piece sequences can spell the same text, e.g. `▁truck` and `▁tr u ck` after BPE-dropout training);
-        samples are independent draws and may repeat.
+        two piece sequences can spell the same text, e.g. `▁truck` and `▁tr u ck` after BPE-dropout training):
+        distinct texts come first, best first, then any repeats; samples are independent draws and may repeat.
 
         With scores=False greedy decoding (beam_size 1) skips the log-softmax and reports NaN scores (see
         `decode_ids`); beam search and sampling compute them anyway.
@@ -224,10 +224,13 @@ class Translator:
             src_ids, n_truncated = self._with_eos(texts, ids)
             hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids)
             self.stats.n_truncated = n_truncated
-            texts_scores = [[(self.tokenizer.decode_tgt(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
-            if options.n_best == 1 or options.sampling:
-                return texts_scores
-            return [distinct_first(hyps, options.n_best) for hyps in texts_scores]
+            texts = [[self.tokenizer.decode_tgt(h.tokens) for h in hyps] for hyps in hypotheses]
+            if options.n_best > 1 and not options.sampling:  # distinct texts first
+                chosen = [distinct_first(t, options.n_best, [h.finished for h in hyps])
+                          for t, hyps in zip(texts, hypotheses)]
+                texts = [[t[i] for i in c] for t, c in zip(texts, chosen)]
+                hypotheses = [[hyps[i] for i in c] for hyps, c in zip(hypotheses, chosen)]
+            return [[(text, h.score) for text, h in zip(t, hyps)] for t, hyps in zip(texts, hypotheses)]
 
         results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, options.copy_unknown,
                                              self.align)
@@ -373,17 +376,23 @@ def candidates_for(options: DecodingConfig) -> DecodingConfig:
     return options
 
 
-def distinct_first(hypotheses: list[tuple[str, float]], n: int) -> list[tuple[str, float]]:
-    """The first `n` of `hypotheses` (text, score), best first, taking texts not seen before first: subword models
+def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:
+    """Which `n` of a search's hypotheses (given by their `texts`, best first) make the n-best list: subword models
     can spell one text with different pieces (after BPE-dropout training they do), so a beam's best hypotheses may
-    repeat a text. When fewer than `n` texts are distinct, the best repeats fill the list (so that every input
-    keeps `n` entries); a wider beam finds more distinct texts."""
+    repeat a text. In order: the finished hypotheses with texts not seen before, the finished repeats, then
+    hypotheses cut at the length cap (`finished` False; new texts first), each group best first; so every input
+    keeps `n` entries, and a wider beam finds more distinct texts.
+
+    Returns:
+        Indices into `texts`.
+    """
+    done = finished or [True] * len(texts)
     seen: set[str] = set()
-    distinct, repeats = [], []
-    for hypothesis in hypotheses:
-        (repeats if hypothesis[0] in seen else distinct).append(hypothesis)
-        seen.add(hypothesis[0])
-    return (distinct + repeats)[:n]
+    groups: tuple[list[int], ...] = ([], [], [], [])
+    for i, text in enumerate(texts):
+        groups[(0 if done[i] else 2) + (text in seen)].append(i)
+        seen.add(text)
+    return [i for group in groups for i in group][:n]
 
 
 def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:

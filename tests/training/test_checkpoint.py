@@ -79,7 +79,7 @@ def test_missing_and_foreign_files(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
     monkeypatch.chdir(tmp_path)  # a Hugging Face Hub id is not read from the Hub: the error says how to download it
-    with pytest.raises(CheckpointError, match="hf download Helsinki-NLP/opus-mt-de-en --local-dir opus-mt-de-en"):
+    with pytest.raises(CheckpointError, match=r"hf download Helsinki-NLP/opus-mt-de-en --local-dir opus-mt-de-en\)$"):
         load_checkpoint("Helsinki-NLP/opus-mt-de-en")
     for name, data in (("source.de", "Ein Hund läuft.\n".encode()), ("random.pt", bytes(range(7, 200)))):
         (tmp_path / name).write_bytes(data)  # a text file or random bytes given as a checkpoint: said so, plainly

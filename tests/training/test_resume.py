@@ -333,3 +333,23 @@ def test_resume_with_subword_sampling_sees_the_same_pieces(tmp_path, tiny_config
     assert _train_losses(tmp_path / "plain")[:3] == _train_losses(tmp_path / "full")[:3]  # epoch 0: the cache
     assert _train_losses(tmp_path / "plain")[3:] != _train_losses(tmp_path / "full")[3:]
     assert plain.step == 20
+
+
+@pytest.mark.parametrize("accumulate, world_size, n_batches, updates", [(2, 1, 11, 6), (1, 2, 5, 2), (2, 2, 9, 2),
+                                                                        (2, 2, 10, 3), (1, 1, 4, 4)])
+def test_the_next_sample_is_asked_for_only_when_the_run_goes_past_the_epoch(accumulate, world_size, n_batches,
+                                                                             updates):
+    """`_goes_past` counts the updates left in the epoch as `_next_update` takes them (world_size x accumulate
+    batches each; a shorter tail only if every process gets a batch): the run ends in this epoch exactly when
+    max_steps is at most step + that count, or max_epochs ends it."""
+    from types import SimpleNamespace
+
+    from transformer.training.checkpoint import TrainState
+
+    state = TrainState(step=40, epoch=2, batch_in_epoch=0)
+    for max_steps, expected in ((40 + updates, False), (40 + updates + 1, True)):
+        training = SimpleNamespace(accumulate_steps=accumulate, max_steps=max_steps, max_epochs=0)
+        run = SimpleNamespace(config=SimpleNamespace(training=training), dist=SimpleNamespace(world_size=world_size))
+        assert trainer._goes_past(run, state, n_batches) is expected, (max_steps, expected)
+    run.config.training.max_epochs = 3  # epoch 2 is the last
+    assert trainer._goes_past(run, state, n_batches) is False

@@ -123,7 +123,7 @@ class Hypothesis(BaseModel):
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="one per input sentence, in input order")
     n_best: Optional[list[list[Hypothesis]]] = Field(None, description="when n_best was asked for: per sentence, "
-                                                     "best first")
+                                                     "distinct texts first, best first")
     alignments: Optional[list[list[list[int]]]] = Field(None, description="when alignment was asked for: per "
                                                         "sentence, [source word, target word] pairs")
     beam_size: int

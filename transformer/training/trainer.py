@@ -344,10 +344,11 @@ def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState)
 
 
 def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
-    """Whether the run may go on past the current epoch: not when max_steps or max_epochs ends it here (the
-    updates left in the epoch are counted low, so that a run that does go on never lacks its next sample)."""
-    training = run.config.training
-    updates_left = (n_batches - state.batch_in_epoch) // (training.accumulate_steps * run.dist.world_size)
+    """Whether the run may go on past the current epoch: not when max_steps or max_epochs ends it here. The
+    updates left are counted as `_next_update` takes them (a short tail needs a batch for every process)."""
+    training, world_size = run.config.training, run.dist.world_size
+    full, tail = divmod(n_batches - state.batch_in_epoch, training.accumulate_steps * world_size)
+    updates_left = full + (tail >= world_size)
     return state.step + updates_left < training.max_steps and not (
         training.max_epochs and state.epoch + 1 >= training.max_epochs)
 
