@@ -40,7 +40,7 @@ from .decoding.beam import gnmt_length_penalty
 from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import SPECIAL_PIECES, Tokenizer
-from .translate import candidates_for, check_workers, decoding_options, distinct_first
+from .translate import check_workers, decoding_options, distinct_first, n_best_search
 
 logger = logging.getLogger(__name__)
 
@@ -225,10 +225,9 @@ class CTranslate2Translator:
                          prefixes: Optional[list[Optional[str]]] = None,
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Per sentence, the n best (text, score) pairs, best first with distinct texts first as `Translator`'s
-        (empty input: one empty output); with
-        scores=False CTranslate2 does not compute them and each score is NaN. `prefixes`: as `Translator`'s
-        (CTranslate2's target_prefix). Text the vocabulary lacks is copied through as by `Translator`, at its
-        relative position (`transformer/passthrough.py`)."""
+        (empty input: one empty output); with scores=False CTranslate2 does not compute them and each score is NaN.
+        `prefixes`: as `Translator`'s (CTranslate2's target_prefix). Text the vocabulary lacks is copied through as
+        by `Translator`, at its relative position (`transformer/passthrough.py`)."""
         opts = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
@@ -246,7 +245,7 @@ class CTranslate2Translator:
                           prefixes: Optional[list[Optional[str]]]) -> list[list[tuple[str, float]]]:
         """`translate_n_best` of stripped sentences and their source ids (`Tokenizer.src_ids`)."""
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * opts.n_best for _ in texts]
-        searched = candidates_for(opts)  # beam search's n-best: distinct texts first, as `Translator`'s
+        searched, distinct = n_best_search(opts)  # beam search's n-best: distinct texts first, as `Translator`'s
         kept = [i for i, t in enumerate(texts) if t]
         limit = self.config.model.max_positions - 1  # source pieces before the eos CTranslate2 adds
         tokenizer = self.tokenizer
@@ -272,14 +271,13 @@ class CTranslate2Translator:
                 suppress_sequences=self._long_runs(opts.max_repeat), **sampling)
             # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
-            hyp_texts = [[tokenizer.decode_tgt(tokenizer.piece_ids(h)) for h in sentence] for sentence in hyps]
-            if opts.n_best > 1 and not opts.sampling:  # distinct texts first, chosen before the (costly) scoring
-                chosen = [distinct_first(t, opts.n_best) for t in hyp_texts]
-                hyps = [[h[c] for c in cs] for h, cs in zip(hyps, chosen)]
-                hyp_texts = [[t[c] for c in cs] for t, cs in zip(hyp_texts, chosen)]
+            outputs = [[(tokenizer.decode_tgt(tokenizer.piece_ids(h)), h) for h in sentence] for sentence in hyps]
+            if distinct:  # chosen before the (costly) scoring
+                outputs = [[out[i] for i in distinct_first([t for t, _ in out], opts.n_best)] for out in outputs]
+            hyps = [[h for _, h in out] for out in outputs]
             hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
-            for i, sentence_texts, sentence_scores in zip(chunk, hyp_texts, hyp_scores):
-                results[i] = list(zip(sentence_texts, sentence_scores))
+            for i, out, sentence_scores in zip(chunk, outputs, hyp_scores):
+                results[i] = [(text, score) for (text, _), score in zip(out, sentence_scores)]
         return results
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:

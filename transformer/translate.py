@@ -218,19 +218,17 @@ class Translator:
         prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
                                                     for p in prefixes]
 
-        searched = candidates_for(options)
+        searched, distinct = n_best_search(options)
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
             src_ids, n_truncated = self._with_eos(texts, ids)
             hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids)
             self.stats.n_truncated = n_truncated
-            texts = [[self.tokenizer.decode_tgt(h.tokens) for h in hyps] for hyps in hypotheses]
-            if options.n_best > 1 and not options.sampling:  # distinct texts first
-                chosen = [distinct_first(t, options.n_best, [h.finished for h in hyps])
-                          for t, hyps in zip(texts, hypotheses)]
-                texts = [[t[i] for i in c] for t, c in zip(texts, chosen)]
-                hypotheses = [[hyps[i] for i in c] for hyps, c in zip(hypotheses, chosen)]
-            return [[(text, h.score) for text, h in zip(t, hyps)] for t, hyps in zip(texts, hypotheses)]
+            outputs = [[(self.tokenizer.decode_tgt(h.tokens), h) for h in hyps] for hyps in hypotheses]
+            if distinct:
+                outputs = [[out[i] for i in distinct_first([t for t, _ in out], options.n_best,
+                                                           [h.finished for _, h in out])] for out in outputs]
+            return [[(text, h.score) for text, h in out] for out in outputs]
 
         results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, options.copy_unknown,
                                              self.align)
@@ -367,13 +365,14 @@ def check_workers(workers: int) -> None:
         raise OptionError("{workers}: must be at least 1", workers=workers)
 
 
-def candidates_for(options: DecodingConfig) -> DecodingConfig:
-    """What to ask the search for to pick `options.n_best` distinct texts from: every finished hypothesis of beam
-    search (n_best = beam_size; the search itself does not depend on n_best), when more than one is asked for;
-    `options` itself otherwise (one hypothesis, or sampling)."""
+def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
+    """The options to search with and whether to pick the n-best list from the search's hypotheses with
+    `distinct_first`: for beam search asked for more than one hypothesis, every hypothesis of the beam (n_best =
+    beam_size; the search itself does not depend on n_best), picked; otherwise (one hypothesis, or sampling's
+    independent draws) `options` as they are, taken as they come."""
     if options.n_best > 1 and not options.sampling:
-        return dataclasses.replace(options, n_best=options.beam_size)
-    return options
+        return dataclasses.replace(options, n_best=options.beam_size), True
+    return options, False
 
 
 def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:

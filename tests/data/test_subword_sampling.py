@@ -173,7 +173,6 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
 _SCRIPT_WITHOUT_MAIN_GUARD = """
 import pickle, sys
 from pathlib import Path
-from transformer.data import open_split
 from transformer.data.subword_sampling import SampledEpochs
 from transformer.data.token_cache import get_token_cache
 from transformer.tokenizer import Tokenizer

@@ -195,10 +195,8 @@ def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
     else:
         torch.set_rng_state(saved["rng"]["torch"].cpu())
         random.setstate(_as_tuple(saved["rng"]["python"]))
-        cuda_state = saved["rng"].get("cuda")
-        if isinstance(cuda_state, list):  # older checkpoints: one state per visible GPU
-            cuda_state = cuda_state[device.index or 0] if len(cuda_state) > (device.index or 0) else None
-        if cuda_state is not None and device.type == "cuda":
+        cuda_state = saved["rng"].get("cuda")  # older checkpoints hold a list (of CPU runs' [] only)
+        if isinstance(cuda_state, torch.Tensor) and device.type == "cuda":
             torch.cuda.set_rng_state(cuda_state.cpu(), device)
     if scaler is not None and saved.get("grad_scaler"):
         scaler.load_state_dict(saved["grad_scaler"])

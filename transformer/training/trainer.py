@@ -193,8 +193,8 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         # would write thousands of carriage returns into one line).
         on_terminal = sys.stderr.isatty()
         with StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
-                                          dynamic_ncols=True, mininterval=1.0,
-                                          disable=not dist.is_main or not on_terminal) as bar:
+                                         dynamic_ncols=True, mininterval=1.0,
+                                         disable=not dist.is_main or not on_terminal) as bar:
             training_loop(run, state, stop, bar)
     finally:
         train_data.close()
