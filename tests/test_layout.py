@@ -21,8 +21,9 @@ ORDER = [
     "decoding.ensemble", "decoding.alignment",
     "decoding", "passthrough", "translate", "evaluate", "ct2",
     "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
-    "training.distributed", "training.stop", "training.average", "training.optim", "training.loss", "training.data",
-    "training.checkpoint", "training.init_from", "training.validate", "training.tensorboard", "training.trainer",
+    "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
+    "training.checkpoint", "training.stop", "training.init_from", "training.validate", "training.tensorboard",
+    "training.trainer",
     "training",
     "", "cli", "__main__",
 ]

@@ -212,7 +212,8 @@ def _as_typed(err: Exception, command: str) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from .training.distributed import shutdown_distributed
     from .training.init_from import run_config
-    from .training.trainer import NonFiniteLossError, TrainingInterrupted, train
+    from .training.stop import NonFiniteLossError, TrainingInterrupted
+    from .training.trainer import train
 
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     config, source = run_config(args.config, args.set, run_dir, args.init_from, args.resume)
@@ -228,10 +229,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 1
     finally:
         shutdown_distributed(finished)
-    if not args.is_main_process:
-        return 0
-    print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
-          f"checkpoints in {run_dir / 'checkpoints'}")
+    if args.is_main_process:
+        print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
+              f"checkpoints in {run_dir / 'checkpoints'}")
     return 0
 
 

@@ -19,9 +19,10 @@ from tests.conftest import write_small_config
 from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.config import ConfigError, load_config, override_config
 from transformer.training import trainer
-from transformer.training.checkpoint import RESUME_MAY_CHANGE, check_resume_config
+from transformer.training.checkpoint import RESUME_MAY_CHANGE, TrainState, check_resume_config
 from transformer.training.optim import learning_rate
-from transformer.training.trainer import NonFiniteLossError, TrainingInterrupted, train
+from transformer.training.stop import MIN_LOSS_SCALE, NonFiniteLossError, count_skipped_update
+from transformer.training.trainer import TrainingInterrupted, train
 
 TINY = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1},
         "data": {"vocab_size": 300, "max_tokens_per_batch": 8192},
@@ -70,7 +71,9 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config,
     full = train(tiny_config, tmp_path / "full")
     with monkeypatch.context() as patch:
         interrupt_after(patch, 7)
-        with pytest.raises(TrainingInterrupted, match="SIGINT: stopped at step 7"):
+        # An fp16 overflow in the first updates would be skipped, not counted as a step.
+        stopped = "SIGINT: stopped at step " + ("7" if precision == "fp32" else "")
+        with pytest.raises(TrainingInterrupted, match=stopped):
             train(tiny_config, tmp_path / "resumed")
     resumed = train(tiny_config, tmp_path / "resumed", resume=True)
     assert full.epoch == resumed.epoch >= 1 and resumed.step == 20
@@ -155,6 +158,77 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, tiny_config, monkeyp
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train_records)
     last = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.pt")
     assert all(torch.isfinite(t).all() for t in last["model"].values())  # the last good weights
+
+
+def _count_updates(monkeypatch) -> dict:
+    """Count train_step's calls ("calls") and the updates it applied ("applied")."""
+    real_step, counts = trainer.train_step, {"calls": 0, "applied": 0}
+
+    def counting_step(*args, **kwargs):
+        result = real_step(*args, **kwargs)
+        counts["calls"] += 1
+        counts["applied"] += result is not None
+        return result
+
+    monkeypatch.setattr(trainer, "train_step", counting_step)
+    return counts
+
+
+def test_a_skipped_update_is_not_a_step(tmp_path, tiny_config, monkeypatch):
+    """max_steps, the learning-rate schedule and the log/validation intervals count applied updates."""
+    real_loss, calls = trainer.batch_loss, {"n": 0}
+
+    def nan_twice(module, batch):
+        calls["n"] += 1
+        loss, nll = real_loss(module, batch)
+        return (loss * float("nan"), nll) if calls["n"] in (3, 4) else (loss, nll)
+
+    monkeypatch.setattr(trainer, "batch_loss", nan_twice)
+    counts = _count_updates(monkeypatch)
+    state = train(tiny_config, tmp_path / "run")
+    assert (state.step, state.n_skipped_updates, counts["calls"], counts["applied"]) == (20, 2, 22, 20)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "train"] == [5, 10, 15, 20]
+    assert [r["step"] for r in records if r["type"] == "valid"] == [15, 20]  # not repeated at a skipped step
+    training, d_model = tiny_config.training, tiny_config.model.d_model
+    assert [r["lr"] for r in records if r["type"] == "train"] == [
+        learning_rate(step, training, d_model) for step in (5, 10, 15, 20)]
+
+
+def test_fp16_overflows_count_toward_the_limit_only_below_a_loss_scale_of_one(tmp_path):
+    state, last = TrainState(step=7), tmp_path / "checkpoints" / "last.pt"
+    searching = torch.amp.GradScaler("cpu", init_scale=2 * MIN_LOSS_SCALE)  # still searching for a scale
+    for _ in range(5):
+        count_skipped_update(state, 3, searching, last)
+    assert (state.n_skipped_updates, state.nonfinite_in_a_row) == (5, 0)
+    exhausted = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)  # overflowing even unscaled
+    count_skipped_update(state, 3, exhausted, last)
+    count_skipped_update(state, 3, exhausted, last)
+    with pytest.raises(NonFiniteLossError, match=f"3 updates in a row .*max_nonfinite_steps=3.*{last}"):
+        count_skipped_update(state, 3, exhausted, last)
+    assert (state.step, state.n_skipped_updates) == (7, 8)
+    with pytest.raises(NonFiniteLossError):  # without a scaler (fp32, bf16) every skip counts
+        count_skipped_update(TrainState(), 1, None, last)
+
+
+@pytest.mark.cuda
+def test_fp16_overflows_lower_the_loss_scale_and_are_not_steps(tmp_path, tiny_config, monkeypatch, device):
+    if device.type != "cuda":
+        pytest.skip("fp16 trains on CUDA only")
+    real_loss, calls = trainer.batch_loss, {"n": 0}
+
+    def overflow_first(module, batch):  # the first 12 updates overflow: the scale halves from 2^16 to 2^4
+        calls["n"] += 1
+        loss, nll = real_loss(module, batch)
+        return (loss * float("inf"), nll) if calls["n"] <= 12 else (loss, nll)
+
+    monkeypatch.setattr(trainer, "batch_loss", overflow_first)
+    counts = _count_updates(monkeypatch)
+    config = with_training(tiny_config, device="cuda", precision="fp16", max_nonfinite_steps=3)
+    state = train(config, tmp_path / "run")
+    assert (state.step, state.n_skipped_updates, counts["applied"]) == (20, 12, 20)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss_scale"] for r in records if r["type"] == "train"] == [2.0 ** 4] * 4
 
 
 def test_step_checkpoints_between_validations_for_averaging(tmp_path, tiny_config):

@@ -1,7 +1,8 @@
 """TensorBoard logs of a training run, in RUN_DIR/tensorboard/ (`tensorboard --logdir runs/`).
 
 What is written (tags):
-    train/loss, train/nll, train/ppl, train/lr, train/grad_norm (before clipping), train/tgt_tokens_per_s
+    train/loss, train/nll, train/ppl, train/lr, train/grad_norm (before clipping), train/tgt_tokens_per_s,
+    train/loss_scale (fp16)
                                         every `training.log_every_steps` updates (the "train" records of
                                         metrics.jsonl)
     valid/loss, valid/ppl, valid/bleu, valid/chrf       at every validation
@@ -32,7 +33,7 @@ from .data import ValidationSet
 SAMPLES = 3
 """Validation sentences shown as text at each validation."""
 
-_TRAIN_SCALARS = ("loss", "nll", "ppl", "lr", "grad_norm", "tgt_tokens_per_s")
+_TRAIN_SCALARS = ("loss", "nll", "ppl", "lr", "grad_norm", "tgt_tokens_per_s", "loss_scale")
 _VALID_SCALARS = ("loss", "ppl", "bleu", "chrf")
 _CELL_PIXELS = 8
 """Each attention weight is drawn as a square of this many pixels."""

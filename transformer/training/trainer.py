@@ -6,7 +6,7 @@ Order of one update (the familiar one): set the learning rate → forward and ba
 Where the rest lives: the data of a run (tokenizer, token cache, epoch batches) in `training/data.py`, the loss
 module in `training/loss.py`, validation and the metrics log in `training/validate.py`, the checkpoint format and
 the resume contract in `training/checkpoint.py`, the learning-rate schedule in `training/optim.py`, Ctrl-C
-handling in `training/stop.py`.
+handling and the skipped-update limit in `training/stop.py`.
 
 The run directory holds:
     config.yaml                 the resolved config
@@ -50,7 +50,7 @@ from .distributed import Distributed, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
-from .stop import StopRequest
+from .stop import StopRequest, TrainingInterrupted, count_skipped_update
 from .tensorboard import TensorBoardLog, wants_tensorboard
 from .validate import MetricsLog, validate
 
@@ -79,11 +79,11 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
             my_share = [(b.pin_memory() if pin else b).to(run.device) for b in my_share]
             set_lr(run.optimizer, learning_rate(state.step + 1, training, run.config.model.d_model))
             result = train_step(run.module, run.optimizer, my_share, run.config, n_tokens, dist.world_size, run.scaler)
-            state.step += 1
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
-            if result is None:
-                _count_nonfinite(state, run.config, run.run_dir)
+            if result is None:  # not applied, not a step: the schedule and the intervals count applied updates
+                count_skipped_update(state, training.max_nonfinite_steps, run.scaler, checkpoint_path(run.run_dir))
             else:
+                state.step += 1
                 state.nonfinite_in_a_row = 0
                 state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
                 state.window_nll = state.window_nll + result[1]
@@ -91,19 +91,19 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                 state.window_src_tokens += sum(b.n_src_tokens for b in my_share)
                 state.window_grad_norm = state.window_grad_norm + result[2]
                 state.window_updates += 1
-            bar.update(1)
-            if state.step % training.log_every_steps == 0:
-                _log_window(run, time.perf_counter() - window_start, state, bar)
-                window_start = time.perf_counter()
-            if state.step % training.eval_every_steps == 0 or state.step >= training.max_steps:
-                valid_start = time.perf_counter()
-                if _validate_and_save(run, state):
-                    return  # early stopping
-                window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
-            elif training.save_every_steps and state.step % training.save_every_steps == 0 and dist.is_main:
-                save_start = time.perf_counter()
-                run.save(state, keep_step_checkpoint=True)
-                window_start += time.perf_counter() - save_start
+                bar.update(1)
+                if state.step % training.log_every_steps == 0:
+                    _log_window(run, time.perf_counter() - window_start, state, bar)
+                    window_start = time.perf_counter()
+                if state.step % training.eval_every_steps == 0 or state.step >= training.max_steps:
+                    valid_start = time.perf_counter()
+                    if _validate_and_save(run, state):
+                        return  # early stopping
+                    window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
+                elif training.save_every_steps and state.step % training.save_every_steps == 0 and dist.is_main:
+                    save_start = time.perf_counter()
+                    run.save(state, keep_step_checkpoint=True)
+                    window_start += time.perf_counter() - save_start
             requested = stop.signal_name is not None
             if dist.any(requested, run.device) if dist.is_distributed else requested:
                 if dist.is_main:
@@ -258,14 +258,6 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TrainingInterrupted(Exception):
-    """Training stopped on SIGINT/SIGTERM after saving `checkpoints/last.pt`."""
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many updates in a row had a non-finite loss or gradient."""
-
-
 @dataclass
 class TrainingRun:
     """Everything the loop works with (built once by `train`)."""
@@ -353,18 +345,6 @@ def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
         training.max_epochs and state.epoch + 1 >= training.max_epochs)
 
 
-def _count_nonfinite(state: TrainState, config: Config, run_dir: Path) -> None:
-    state.nonfinite_in_a_row += 1
-    state.n_skipped_updates += 1
-    logger.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", state.step,
-                   state.nonfinite_in_a_row)
-    if state.nonfinite_in_a_row >= config.training.max_nonfinite_steps:
-        raise NonFiniteLossError(
-            f"{state.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient (limit "
-            f"training.max_nonfinite_steps={config.training.max_nonfinite_steps}); the last good checkpoint is "
-            f"{checkpoint_path(run_dir)}. Try a lower training.lr_scale or training.clip_grad_norm: 1.0")
-
-
 def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) -> None:
     """Sum the window over processes (the one device sync of the log interval) and write a "train" record."""
     loss, nll, tokens, src_tokens = run.dist.all_reduce_sum(
@@ -381,6 +361,8 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) 
               "tgt_tokens_per_s": round(tokens / elapsed, 1),
               "src_tgt_tokens_per_s": round((tokens + src_tokens) / elapsed, 1),
               "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
+    if run.scaler is not None:
+        record["loss_scale"] = run.scaler.get_scale()
     run.metrics.write(record)
     if run.tensorboard is not None:
         run.tensorboard.write(record)
