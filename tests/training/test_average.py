@@ -86,3 +86,21 @@ def test_refusals_name_the_files(trained_run, tmp_path, capsys):
     assert main(["average", "--run-dir", str(trained_run), "--last", "3", "--output", str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err
     assert "3 step checkpoints asked for, 1 found (step_150.pt)" in err and "training.save_every_steps" in err
+
+
+def test_an_existing_output_is_replaced_only_when_it_is_an_earlier_average(trained_run, tmp_path, capsys):
+    paths = [str(_perturbed(trained_run, tmp_path, f"p{i}.pt", 0.01 * (i + 1))) for i in range(2)]
+    trained = tmp_path / "best.pt"
+    trained.write_bytes((trained_run / "checkpoints" / "best.pt").read_bytes())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a checkpoint")
+    for existing in (trained, notes, tmp_path):
+        before = existing.read_bytes() if existing.is_file() else None
+        assert main(["average", "--checkpoints", *paths, "--output", str(existing)]) == 2
+        assert re.search(rf"--output {re.escape(str(existing))}: exists and is not an averaged checkpoint",
+                         capsys.readouterr().err)
+        assert (existing.read_bytes() if existing.is_file() else None) == before
+    average = tmp_path / "avg.pt"
+    assert main(["average", "--checkpoints", paths[0], "--output", str(average)]) == 0
+    assert main(["average", "--checkpoints", *paths, "--output", str(average)]) == 0  # an earlier average: replaced
+    assert load_checkpoint(average)["averaged_from"] == paths

@@ -94,7 +94,24 @@ def _check_compatible(first_path: Path, first: dict[str, Any], path: Path, state
 
 
 def average_to_file(paths: list[str | Path], output: str | Path) -> dict[str, Any]:
-    """Average `paths` and write the result atomically to `output`; returns it."""
+    """Average `paths` and write the result atomically to `output`; returns it.
+
+    Raises:
+        CheckpointError: as `average_checkpoints`, and before any work when `output` exists and is not an earlier
+            average (a trained checkpoint such as best.pt, or any other file, is never overwritten; an earlier
+            average is replaced, so that `make evaluate` can run again).
+    """
+    output = Path(output)
+    if output.exists() and not _is_average(output):
+        raise CheckpointError(f"--output {output}: exists and is not an averaged checkpoint (it would be "
+                              "overwritten): choose another file, or remove it first")
     averaged = average_checkpoints(paths)
     save_checkpoint(averaged, output)
     return averaged
+
+
+def _is_average(path: Path) -> bool:
+    try:
+        return "averaged_from" in load_checkpoint(path)
+    except CheckpointError:
+        return False
