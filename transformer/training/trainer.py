@@ -337,7 +337,9 @@ def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState)
 
 def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
     """Whether the run may go on past the current epoch: not when max_steps or max_epochs ends it here. The
-    updates left are counted as `_next_update` takes them (a short tail needs a batch for every process)."""
+    updates left are counted as `_next_update` takes them (a short tail needs a batch for every process), each as a
+    step: if skipped updates (non-finite gradients) then carry the run past, the next epoch's sample is built when
+    that epoch starts."""
     training, world_size = run.config.training, run.dist.world_size
     full, tail = divmod(n_batches - state.batch_in_epoch, training.accumulate_steps * world_size)
     updates_left = full + (tail >= world_size)
