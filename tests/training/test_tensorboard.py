@@ -86,3 +86,13 @@ def test_tensorboard_off_writes_nothing_and_true_without_the_package_is_an_error
         train(with_training(tiny_config, max_steps=5), tmp_path / "missing")
     train(with_training(tiny_config, max_steps=5, eval_every_steps=5, tensorboard=None), tmp_path / "default")
     assert not (tmp_path / "default" / "tensorboard").exists()  # null: only when the package is installed
+
+
+def test_without_pillow_the_run_goes_on_without_the_attention_image(tmp_path, tiny_config, monkeypatch, caplog):
+    monkeypatch.setattr(tensorboard, "pillow_available", lambda: False)
+    train(with_training(tiny_config, max_steps=5, eval_every_steps=5), tmp_path / "run")
+    events = _events(tmp_path / "run")
+    assert "valid/cross_attention" not in events.Tags()["images"]
+    assert "valid/cross_attention_labels/text_summary" in events.Tags()["tensors"]
+    assert [e.step for e in events.Scalars("valid/bleu")] == [5]
+    assert "Pillow is not installed" in caplog.text

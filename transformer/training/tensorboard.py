@@ -15,11 +15,14 @@ What is written (tags):
 
 Only rank 0 writes (under torchrun the other processes have no log). On --resume the writer starts with
 `purge_step` = the resumed step, so TensorBoard hides the events an interrupted run wrote after that step and
-each step shows once. Needs the `tensorboard` package (`pip install 'transformer-nmt[tensorboard]'`).
+each step shows once. Needs the `tensorboard` package (`pip install 'transformer-nmt[tensorboard]'`), and
+Pillow for the image (without it the image is left out, with a warning).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,6 +32,8 @@ from ..config import BOS_ID, Config, ConfigError
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .data import ValidationSet
+
+logger = logging.getLogger(__name__)
 
 SAMPLES = 3
 """Validation sentences shown as text at each validation."""
@@ -45,6 +50,10 @@ def tensorboard_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def pillow_available() -> bool:
+    return importlib.util.find_spec("PIL") is not None
 
 
 def wants_tensorboard(config: Config) -> bool:
@@ -69,6 +78,10 @@ class TensorBoardLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir), purge_step=resume_step)
+        self.images = pillow_available()  # TensorBoard encodes images with Pillow, which it does not require
+        if not self.images:
+            logger.warning("TensorBoard: Pillow is not installed, so no cross-attention image is written "
+                           "(pip install pillow)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Scalars of one metrics.jsonl record ("train" or "valid")."""
@@ -89,7 +102,8 @@ class TensorBoardLog:
                         tgt_pieces: list[str]) -> None:
         """`weights`: (T, S) attention weights in [0, 1] (rows: target positions, columns: source positions)."""
         image = weights.float().clamp(0, 1).repeat_interleave(_CELL_PIXELS, 0).repeat_interleave(_CELL_PIXELS, 1)
-        self.writer.add_image("valid/cross_attention", image, step, dataformats="HW")
+        if self.images:
+            self.writer.add_image("valid/cross_attention", image, step, dataformats="HW")
         self.writer.add_text("valid/cross_attention_labels",
                              f"source (columns): {' '.join(src_pieces)}\n\n"
                              f"target (rows): {' '.join(tgt_pieces)}", step)
