@@ -3,6 +3,7 @@ models in bf16 and fp16, decoding speed, torchrun with nccl. One JSON line of fi
 
 Usage (on a machine with a CUDA GPU; no network needed):
     python scripts/gpu_check.py [--shared ../shared] [--work /tmp/gpu_check] [--pairs 300000] [--steps 40]
+                                [--budget-s SECONDS]
     python scripts/gpu_check.py --device cpu --quick        # the same stages in seconds, on a tiny model (CI)
 
 It runs from the repository as it is (the package need not be installed; `pip install --no-deps
@@ -11,8 +12,9 @@ sacrebleu, pyyaml, tqdm and numpy, and pytest for the tests stage (wheels brough
 `pip install --no-index --find-links WHEELS pytest`).
 
 Stages, in order; each one's failure is recorded under "errors" and the others still run; the exit status is 1
-when any failed. After each stage the figures so far are written to WORK/figures.json, so that a run cut short
-keeps what it measured; every subprocess has a time limit.
+when any failed. After each stage the figures so far are written to WORK/figures.json and printed on stderr, so
+that a run cut short keeps what it measured; every subprocess has a time limit (it is stopped with the processes it
+started). With --budget-s, no stage starts after that many seconds and subprocesses are stopped at it.
 1. environment: GPU name, memory, torch and CUDA versions, and the measured rate of one large matrix product in
    fp32 and bf16 (`transformer.device.matmul_seconds`; 8192^3 on a GPU), the peak the MFU figures refer to.
 2. tests: `pytest -m cuda` (the CUDA half of the device-parametrized tests); it fails when a test fails or none
@@ -55,6 +57,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -80,13 +83,37 @@ from transformer.training.optim import build_optimizer, learning_rate, set_lr  #
 from transformer.training.trainer import train_step  # noqa: E402
 from transformer.translate import Translator  # noqa: E402
 
-STAGE_TIMEOUT_S = {"tests": 300, "corpus": 300, "prepare": 600, "torchrun": 300}
-"""Seconds each subprocess may take before it is stopped and its stage recorded as failed."""
+STAGE_TIMEOUT_S = {"tests": 240, "corpus": 300, "prepare": 600, "torchrun": 180}
+"""Seconds each subprocess may take before it is stopped (with the processes it started) and its stage recorded as
+failed; less when --budget-s leaves less."""
+
+DEADLINE: Optional[float] = None
+"""time.perf_counter() at which --budget-s runs out (None: no budget)."""
 
 QUICK_MODEL = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_encoder_layers=1",
                "model.n_decoder_layers=1", "data.vocab_size=300", "data.max_tokens_per_batch=1024",
                "training.accumulate_steps=2"]
 """--quick: a model and batches small enough for a CPU test; the stages are the same."""
+
+
+def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run with output captured as text, in a process group of its own: on timeout the whole group is
+    killed (torchrun's workers as well as torchrun) and subprocess.TimeoutExpired raised."""
+    timeout = STAGE_TIMEOUT_S[stage]
+    if DEADLINE is not None:
+        timeout = max(1.0, min(timeout, DEADLINE - time.perf_counter()))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _sync(device: torch.device) -> None:
@@ -114,13 +141,13 @@ def device_tests(shared: Path, device: torch.device) -> dict:
     if importlib.util.find_spec("pytest") is None:
         raise RuntimeError("pytest is not installed: pip install --no-index --find-links WHEELS pytest")
     start = time.perf_counter()
-    env = {**os.environ, "MULTI30K_DIR": str(shared / "data" / "multi30k")}
+    # cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matrix product: set before the deterministic resume tests.
+    env = {**os.environ, "MULTI30K_DIR": str(shared / "data" / "multi30k"), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     selection = (["-m", "cuda"] if device.type == "cuda"
                  else ["-m", "not cuda", "-k", "no_future_leak", "tests/test_devices.py"])
     # -o addopts= : the project's -q would make this -qq, which prints no summary line to count from.
-    result = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-                             *selection], cwd=ROOT, capture_output=True, text=True, env=env,
-                            timeout=STAGE_TIMEOUT_S["tests"])
+    result = _run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", *selection],
+                  "tests", cwd=ROOT, env=env)
     lines = result.stdout.strip().splitlines()
     summary = lines[-1] if lines else result.stderr[-500:]
     counts = {("errors" if k.startswith("error") else k): int(n)  # pytest says "1 error", "2 errors"
@@ -142,12 +169,13 @@ def data_settings(corpus: Path, work: Path, quick: bool) -> list[str]:
 
 def make_data(args: argparse.Namespace, work: Path, sets: list[str]) -> dict:
     corpus = work / "corpus"
-    subprocess.run([sys.executable, str(Path(args.shared) / "scale" / "make_corpus.py"), str(corpus),
-                    str(args.pairs)], check=True, timeout=STAGE_TIMEOUT_S["corpus"])
+    result = _run([sys.executable, str(Path(args.shared) / "scale" / "make_corpus.py"), str(corpus), str(args.pairs)],
+                  "corpus")
+    if result.returncode != 0:
+        raise RuntimeError(f"make_corpus.py: {result.stderr.strip().splitlines()[-3:]}")
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "transformer", "prepare", "--config", args.config,
-                             "--run-dir", str(work / "prepared"), *[f"--set={s}" for s in sets]],
-                            cwd=ROOT, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S["prepare"])
+    result = _run([sys.executable, "-m", "transformer", "prepare", "--config", args.config, "--run-dir",
+                   str(work / "prepared"), *[f"--set={s}" for s in sets]], "prepare", cwd=ROOT)
     if result.returncode != 0:
         raise RuntimeError(f"transformer prepare: {result.stderr.strip().splitlines()[-1:]}")
     prepare_s = time.perf_counter() - start
@@ -173,23 +201,25 @@ def measure_training(config_path: str, sets: list[str], precision: str, work: Pa
                        for g in group for i in g) for group in groups]  # counted before the clock runs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    n_tgt, flops, start, result = 0, 0.0, time.perf_counter(), None
+    n_tgt, flops, start, last = 0, 0.0, time.perf_counter(), None
     for step, group in enumerate(groups):
         if step == args.warmup:
             _sync(device)
             n_tgt, flops, start = 0, 0.0, time.perf_counter()
-        made = [train.batch(g).pin_memory().to(device, non_blocking=True) if device.type == "cuda"
-                else train.batch(g) for g in group]
+        # The same copy on both devices: pinned memory, then Batch.to (non-blocking on CUDA; nothing on the CPU).
+        made = [(train.batch(g).pin_memory() if device.type == "cuda" else train.batch(g)).to(device) for g in group]
         set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
-        result = train_step(module, optimizer, made, config, scaler=scaler) or result
+        result = train_step(module, optimizer, made, config, scaler=scaler)
+        if result is not None:  # None: an fp16 overflow, skipped
+            last = (result[1], sum(b.n_tgt_tokens for b in made))
         n_tgt += sum(b.n_tgt_tokens for b in made)
         flops += group_flops[step]
     _sync(device)
     seconds = time.perf_counter() - start
-    loss = round(float(result[1]) / max(1, sum(b.n_tgt_tokens for b in made)), 3) if result is not None else None
+    loss = round(float(last[0]) / max(1, last[1]), 3) if last is not None else None
     figures = {"tgt_tokens_per_s": round(n_tgt / seconds), "s_per_step": round(seconds / args.steps, 4),
                "tgt_tokens_per_step": round(n_tgt / args.steps), "tflops_per_s": round(flops / seconds / 1e12, 3),
-               "mfu": round(flops / seconds / 1e12 / peak_tflops, 3) if peak_tflops else None,
+               "mfu": float(f"{flops / seconds / 1e12 / peak_tflops:.3g}") if peak_tflops else None,
                "last_nll_per_token": loss, "parameters": model.num_parameters()}
     if device.type == "cuda":
         figures["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
@@ -210,7 +240,8 @@ def measure_decoding(model: Transformer, tokenizer: Tokenizer, config_path: str,
             translator.translate(sentences, beam_size=beam_size, batch_size=batch_size)
             _sync(device)
             seconds = time.perf_counter() - start
-            tokens = translator.stats.n_output_tokens + len(sentences)  # eos included
+            stats = translator.stats  # eos counted for the outputs that ended with one (not those cut at the cap)
+            tokens = stats.n_output_tokens + stats.n_sentences - stats.n_hit_max_len
             rows.append({"search": "greedy" if beam_size == 1 else f"beam {beam_size}", "batch_size": batch_size,
                          "tgt_tokens_per_s": round(tokens / seconds),
                          "sentences_per_s": round(len(sentences) / seconds), "s": round(seconds, 2)})
@@ -230,8 +261,7 @@ def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.
                f"--set=training.max_steps={steps}", "--set=training.log_every_steps=1",
                f"--set=training.eval_every_steps={steps}", "--set=data.valid_max_sentences=20"]
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S["torchrun"],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = _run(command, "torchrun", cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode != 0:
         raise RuntimeError(f"torchrun: {result.stderr.strip().splitlines()[-3:]}")
     done = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -255,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, help="untimed updates first (default 10; --quick 1)")
     parser.add_argument("--sentences", type=int, help="sentences decoded per setting (default 2000; --quick 20)")
     parser.add_argument("--no-big", action="store_true", help="train only the base model")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="seconds for the whole check: later stages are not started once it is spent, and "
+                             "subprocesses are stopped at it (default 0: no limit)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.pairs = args.pairs or (3000 if quick else 300_000)
@@ -264,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     args.config = str(ROOT / "configs" / "wmt14_en_de_base.yaml")
     args.shared = str(Path(args.shared).resolve())
     begin = time.perf_counter()
+    global DEADLINE
+    DEADLINE = begin + args.budget_s if args.budget_s > 0 else None
     device = torch.device(args.device)
     work = Path(args.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -274,15 +309,20 @@ def main(argv: list[str] | None = None) -> int:
     def stage(name: str, run, keep):
         """Run one stage; `keep` puts its result into the figures, which are then written to figures.json."""
         stage_start, result = time.perf_counter(), None
-        try:
-            result = run()
-        except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
-            errors[name] = f"{type(error).__name__}: {error}"
-            traceback.print_exc()
+        if DEADLINE is not None and stage_start >= DEADLINE:
+            errors[name] = f"not started: --budget-s {args.budget_s:g} spent"
+        else:
+            try:
+                result = run()
+            except Exception as error:  # noqa: BLE001 - recorded, and the next stage runs
+                errors[name] = f"{type(error).__name__}: {error}"
+                traceback.print_exc()
         keep(result)  # None for a failed stage: its figures are null
         print(f"gpu_check: {name}: {'failed' if name in errors else 'done'} in "
               f"{time.perf_counter() - stage_start:.1f} s", file=sys.stderr, flush=True)
-        (work / "figures.json").write_text(json.dumps({**figures, "errors": errors}) + "\n")
+        so_far = json.dumps({**figures, "errors": errors})
+        (work / "figures.json").write_text(so_far + "\n")
+        print(f"gpu_check: figures so far: {so_far}", file=sys.stderr, flush=True)  # kept in a log cut short
         return result
 
     def keep_as(key: str):

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import os
 
-import pytest
-import torch
+# cuBLAS reads this once, at a process's first matrix product: the deterministic resume tests on CUDA need it set
+# before any test multiplies a matrix (the trainer's own default comes too late in a shared process).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from transformer import Transformer, TransformerConfig
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from transformer import Transformer, TransformerConfig  # noqa: E402
 
 PAD = 0
 
@@ -69,7 +74,6 @@ def model(request) -> Transformer:
 # --------------------------------------------------------------------------------------------------
 
 import gzip  # noqa: E402
-import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402

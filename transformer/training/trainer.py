@@ -296,7 +296,7 @@ def _setup(config: Config, dist: Distributed, device: torch.device) -> torch.dev
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
     if config.training.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at the process's first cuBLAS call
         torch.use_deterministic_algorithms(True)
     if device.type == "cuda" and dist.is_distributed:
         device = torch.device("cuda", dist.local_rank)
