@@ -85,6 +85,34 @@ def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_su
         assert len(same) >= 25 and all(abs(x - y) < 1e-4 for x, y in same), (beam_size, alpha, same)
 
 
+def test_outputs_cut_at_the_length_cap_are_scored_and_ranked_as_ours(exported, trained_run, multi30k_subset,
+                                                                     caplog):
+    """With a cap of 4 pieces nearly every output is cut: its score has no eos (CTranslate2's rescoring adds one),
+    the n-best lists are ordered as ours, and the cut outputs are counted in a warning."""
+    from transformer.ct2 import CTranslate2Translator
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:20]
+    ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    theirs = CTranslate2Translator(exported, threads=1)
+    cap = dict(max_len_a=0.0, max_len_b=4)
+    for beam_size, n_best, alpha in ((1, 1, 0.0), (4, 4, 0.0), (4, 3, 1.0)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            a = ours.translate_n_best(src, n_best=n_best, beam_size=beam_size, length_penalty=alpha, **cap)
+            b = theirs.translate_n_best(src, n_best=n_best, beam_size=beam_size, length_penalty=alpha, **cap)
+        warnings = [r.getMessage() for r in caplog.records if "reached the length cap" in r.getMessage()]
+        assert len(warnings) == 2 and warnings[0].split(" of ")[0] == warnings[1].split(" of ")[0], warnings
+        assert int(warnings[1].split(" of ")[0]) >= 15  # nearly all cut
+        ours_scores = {(i, text): score for i, hyps in enumerate(a) for text, score in hyps}
+        same = [(ours_scores[i, text], score) for i, hyps in enumerate(b) for text, score in hyps
+                if (i, text) in ours_scores]
+        assert len(same) >= 0.8 * len(src) * n_best and all(abs(x - y) < 1e-4 for x, y in same), (beam_size, same)
+        if alpha == 0.0:  # the same search in both engines: the same lists in the same order (finished first,
+            # then distinct texts first, each group best first by our score)
+            assert sum([t for t, _ in x] == [t for t, _ in y] for x, y in zip(a, b)) >= 0.9 * len(src)
+
+
 def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(looping_checkpoint, multi30k_subset, tmp_path):
     """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences),
     on a model that repeats one piece to the length cap without the limit."""

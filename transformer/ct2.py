@@ -40,7 +40,7 @@ from .decoding.beam import gnmt_length_penalty
 from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import SPECIAL_PIECES, Tokenizer
-from .translate import check_workers, decoding_options, distinct_first, n_best_search
+from .translate import check_workers, decoding_options, distinct_first, n_best_search, warn_length_cap
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +253,7 @@ class CTranslate2Translator:
         targets = {i: [tokenizer.id_to_piece(t) for t in tokenizer.tgt_ids([prefixes[i]])[0]]
                    if prefixes is not None and prefixes[i] and prefixes[i].strip() else None for i in kept}
         order = sorted(kept, key=lambda i: -len(pieces[i]))  # longest first, like `Translator`
+        n_hit = 0  # best outputs cut at the length cap
         if opts.sampling and kept:  # CTranslate2 seeds its threads' generators when it loads a model: reload, seeded
             _ctranslate2().set_random_seed(opts.seed)
             self.model = self._open()
@@ -265,19 +266,27 @@ class CTranslate2Translator:
                             sampling_temperature=opts.temperature) if opts.sampling else {}
             out = self.model.translate_batch(
                 source, beam_size=opts.beam_size, length_penalty=opts.length_penalty if opts.beam_size > 1 else 0.0,
-                num_hypotheses=searched.n_best, max_decoding_length=max(caps) + 1, min_decoding_length=opts.min_len,
+                num_hypotheses=searched.n_best, max_decoding_length=max(caps), min_decoding_length=opts.min_len,
                 no_repeat_ngram_size=opts.no_repeat_ngram_size, return_scores=False, max_batch_size=opts.batch_size,
                 target_prefix=[targets[i] for i in chunk] if prefixes is not None else None,
                 suppress_sequences=self._long_runs(opts.max_repeat), **sampling)
-            # one cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are
+            # One cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are. As in our
+            # search, a hypothesis is finished when it ended with eos within its cap: fewer than `cap` pieces.
             hyps = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
-            outputs = [[(tokenizer.decode_tgt(tokenizer.piece_ids(h)), h) for h in sentence] for sentence in hyps]
-            if distinct:  # chosen before the (costly) scoring
-                outputs = [[out[i] for i in distinct_first([t for t, _ in out], opts.n_best)] for out in outputs]
-            hyps = [[h for _, h in out] for out in outputs]
-            hyp_scores = self._scores(source, hyps, opts) if scores else [[float("nan")] * len(h) for h in hyps]
-            for i, out, sentence_scores in zip(chunk, outputs, hyp_scores):
-                results[i] = [(text, score) for (text, _), score in zip(out, sentence_scores)]
+            finished = [[len(h) < cap for h in sentence] for cap, sentence in zip(caps, hyps)]
+            hyp_scores = (self._scores(source, hyps, finished, opts) if scores
+                          else [[float("nan")] * len(h) for h in hyps])
+            for i, sentence, done, sentence_scores in zip(chunk, hyps, finished, hyp_scores):
+                found = [(tokenizer.decode_tgt(tokenizer.piece_ids(h)), score, f)
+                         for h, score, f in zip(sentence, sentence_scores, done)]
+                if distinct:  # as `Translator`'s: by our scores, finished first, then distinct texts first
+                    if scores:
+                        found.sort(key=lambda hyp: (not hyp[2], -hyp[1]))
+                    found = [found[j] for j in distinct_first([t for t, _, _ in found], opts.n_best,
+                                                              [f for _, _, f in found])]
+                results[i] = [(text, score) for text, score, _ in found]
+                n_hit += not found[0][2]
+        warn_length_cap(n_hit, len(kept), opts)
         return results
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:
@@ -291,16 +300,20 @@ class CTranslate2Translator:
             self._runs_of = max_repeat
         return self._runs
 
-    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]],
+    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]], finished: list[list[bool]],
                 options: DecodingConfig) -> list[list[float]]:
         """Our score of each hypothesis (as `Hypothesis.score`): the sum of its tokens' log-probabilities, eos
-        included, divided by the GNMT length penalty ((5 + |Y|) / 6)^α in beam search (`decoding/beam.py`).
-        CTranslate2's own scores divide by |Y|^α instead, so the tokens are scored again (`score_batch`)."""
+        included for a finished one (not for one cut at the length cap), divided by the GNMT length penalty
+        ((5 + |Y|) / 6)^α in beam search (`decoding/beam.py`; |Y| counts the eos when there is one). CTranslate2's
+        own scores divide by |Y|^α instead, so the tokens are scored again (`score_batch`, which always scores an
+        eos after them)."""
         pairs = [(src, h) for src, sentence_hyps in zip(source, hyps) for h in sentence_hyps]
         scored = self.model.score_batch([src for src, _ in pairs], [h for _, h in pairs],
                                         max_batch_size=options.batch_size)
-        flat = [sum(r.log_probs) / (gnmt_length_penalty(len(r.log_probs), options.length_penalty)
-                                    if options.beam_size > 1 else 1.0) for r in scored]
+        ends = [f for sentence in finished for f in sentence]
+        log_probs = [r.log_probs if end else r.log_probs[:-1] for r, end in zip(scored, ends)]
+        flat = [sum(lp) / (gnmt_length_penalty(len(lp), options.length_penalty) if options.beam_size > 1 else 1.0)
+                for lp in log_probs]
         it = iter(flat)
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
