@@ -439,6 +439,10 @@ def test_a_full_output_is_one_line_and_a_closed_pipe_stops_quietly(trained_run):
                                  "Ein Hund läuft."], stdout=full, stderr=subprocess.PIPE, text=True)
     assert result.returncode == 2
     assert result.stderr == "error: stdout: cannot write the translations: No space left on device\n"
+    result = subprocess.run([sys.executable, "-m", "transformer", "translate", "--checkpoint", ckpt, "--output",
+                             "/dev/full", "Ein Hund läuft."], capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (2, "error: /dev/full: cannot write the translations: No space "
+                                                     "left on device\n")
     # `translate | head -n 1`: the reader closes the pipe after one line, translate is still reading its input
     process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint", ckpt],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

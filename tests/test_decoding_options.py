@@ -66,6 +66,10 @@ def test_cli_sampling_is_reproducible_and_bad_values_name_the_flag(checkpoint, l
         assert main(["translate", "--checkpoint", str(checkpoint), "--sampling", lines[0], *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {name}:"), err
+    for flag, value in (("--top-k", "5"), ("--top-p", "0.9"), ("--temperature", "0.5"), ("--seed", "3")):
+        assert main(["translate", "--checkpoint", str(checkpoint), lines[0], flag, value]) == 2  # not sampling
+        assert capsys.readouterr().err == f"error: {flag}: used only when sampling: add --sampling " \
+                                          "(decoding.sampling: true), or leave it out\n"
 
 
 def test_cli_no_repeat_ngram_size(checkpoint, lines, capsys):
@@ -96,7 +100,8 @@ def test_server_fields(checkpoint, lines):
         blocked = client.post("/translate", json={"text": lines[:3], "no_repeat_ngram_size": 2}).json()
         assert blocked["translations"] == translator.translate(lines[:3], no_repeat_ngram_size=2)
         for bad, field in (({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
-                           ({"sampling": "yes"}, "sampling"), ({"sampling": True, "n_best": 500}, "n_best")):
+                           ({"sampling": "yes"}, "sampling"), ({"sampling": True, "n_best": 500}, "n_best"),
+                           ({"top_k": 5}, "top_k")):
             response = client.post("/translate", json={"text": lines[:1], **bad})
             assert response.status_code == 422 and response.json()["field"] == field, response.text
         response = client.post("/attention", json={"text": lines[0], "sampling": True})

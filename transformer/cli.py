@@ -23,7 +23,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError, OptionError, load_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, count_lines
-from .data.text import input_chunks, is_streaming, silence_stdout, utf8_stdout, write_and_flush
+from .data.text import close_output, input_chunks, is_streaming, silence_stdout, utf8_stdout, write_and_flush
 from .decoding.alignment import pharaoh
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
@@ -315,7 +315,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             raise DataError(f"--prefix-file {args.prefix_file}: more lines than the input's {index}")
     finally:
         if args.output:
-            out.close()
+            close_output(out, args.output)
         if prefix_reader:
             prefix_reader.close()
     return 0

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import BOS_ID, EOS_ID, Config, DecodingConfig, OptionError
+from .config import BOS_ID, EOS_ID, Config, ConfigError, DecodingConfig, OptionError
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
 from .decoding.alignment import align_words
@@ -338,10 +338,7 @@ class Translator:
         for hyps in results:
             self.stats.n_hit_max_len += not hyps[0].finished
             self.stats.n_output_tokens += len(hyps[0].tokens)
-        if self.stats.n_hit_max_len:
-            logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b "
-                           "(%.3g * src_len + %d tokens) before eos", self.stats.n_hit_max_len, len(src_ids),
-                           options.max_len_a, options.max_len_b)
+        warn_length_cap(self.stats.n_hit_max_len, len(src_ids), options)
         return results
 
     def _decode_batch(self, src: torch.Tensor, mask: torch.Tensor, options: DecodingConfig, scores: bool,
@@ -375,6 +372,13 @@ def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
     return options, False
 
 
+def warn_length_cap(n_hit: int, n_outputs: int, options: DecodingConfig) -> None:
+    """Log how many of `n_outputs` best outputs were cut at the length cap (nothing when none was)."""
+    if n_hit:
+        logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b (%.3g * src_len + %d "
+                       "tokens) before eos", n_hit, n_outputs, options.max_len_a, options.max_len_b)
+
+
 def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:
     """Which `n` of a search's hypotheses (given by their `texts`, best first) make the n-best list: subword models
     can spell one text with different pieces (after BPE-dropout training they do), so a beam's best hypotheses may
@@ -399,12 +403,17 @@ def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> Deco
     sampling without a beam_size sets it to 1.
 
     Raises:
-        ConfigError: an option out of range (e.g. n_best > beam_size).
+        ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option (top_k, top_p,
+            temperature, seed) changed for a search that does not sample (it would be ignored).
     """
     values = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
     if unknown:
         raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
+    ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
+    if ignored and not values.get("sampling", base.sampling):
+        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling: add --sampling (decoding.sampling: "
+                          "true), or leave it out")
     if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
         values["beam_size"] = 1
     if "beam_size" in values and "n_best" not in values:

@@ -280,6 +280,19 @@ def write_and_flush(out: TextIO, text: str, name: str) -> None:
         raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
 
 
+def close_output(out: TextIO, name: str) -> None:
+    """Close a file that `write_and_flush` wrote to.
+
+    Raises:
+        DataError: the close failed (it writes what a failed write left in the buffer: a full disk), naming
+            `name`; it replaces the error of that failed write, which said the same.
+    """
+    try:
+        out.close()
+    except OSError as err:
+        raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
+
+
 FIRST_CHUNK = 16
 """Lines in the first chunk that `input_chunks` reads when its output streams (`growing`)."""
 
