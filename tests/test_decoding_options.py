@@ -7,6 +7,7 @@ import gzip
 
 import pytest
 
+from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.translate import Translator
 
@@ -148,6 +149,8 @@ def test_prefixes_from_the_api_the_cli_the_server_and_ctranslate2(checkpoint, li
         assert body["translations"] == out[:3]
         response = client.post("/translate", json={"text": lines[:3], "prefix": ["A"]})
         assert response.status_code == 422 and response.json()["field"] == "prefix"
+        counts = client.get("/health").json()["batching"]  # decoded on its own, and counted
+        assert (counts["requests"], counts["sentences"], counts["batches"]) == (1, 3, 1)
     pytest.importorskip("ctranslate2")
     from transformer.ct2 import CTranslate2Translator, export_ctranslate2
 
@@ -169,7 +172,12 @@ def test_ensembles_from_the_cli_and_their_refusals(trained_run, checkpoint, line
     assert Translator.from_checkpoints([checkpoint, checkpoint]).translate(lines[:5], beam_size=4) == \
         Translator.from_checkpoint(checkpoint).translate(lines[:5], beam_size=4)
     other = write_our_checkpoint(tmp_path / "other.pt")  # another tokenizer
+    reverse = load_checkpoint(last)  # the same tokenizer, declared the other direction
+    data = reverse["config"]["data"]
+    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    save_checkpoint(reverse, tmp_path / "reverse.pt")
     refused = {("--checkpoint", str(other)): ["tokenizer", str(checkpoint), str(other)],
+               ("--checkpoint", str(tmp_path / "reverse.pt")): ["one language pair", "de->en", "en->de"],
                ("--checkpoint", str(last), "--compile"): ["--compile"]}
     for extra, words in refused.items():
         assert main(["translate", "--checkpoint", str(checkpoint), *extra, lines[0]]) == 2

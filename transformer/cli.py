@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average")
     inputs.add_argument("--run-dir", help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run")
     average.add_argument("--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)")
-    average.add_argument("--output", required=True, help="the averaged checkpoint (.pt)")
+    average.add_argument("--output", required=True, help="the averaged checkpoint (.pt; replaces an earlier average)")
 
     translate = command("translate", help="translate sentences (arguments, --input FILE, or stdin)")
     translate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint (e.g. "

@@ -126,16 +126,20 @@ class Translator:
 
         Raises:
             CheckpointError: a file is missing, corrupt or unsafe.
-            OptionError: the checkpoints' tokenizers or vocabularies differ (naming both files); as `Translator`.
+            OptionError: the checkpoints' tokenizers or vocabularies, or their language pairs (data.src_lang,
+                data.tgt_lang), differ (naming both files); as `Translator`.
         """
         if len(paths) == 1:
             return cls.from_checkpoint(paths[0], device, quantization, workers)
         loaded = [load_for_inference(path) for path in paths]
-        first = loaded[0][2].digest()
-        for path, (_, _, tokenizer) in zip(paths[1:], loaded[1:]):
+        first, data = loaded[0][2].digest(), loaded[0][0].data
+        for path, (config, _, tokenizer) in zip(paths[1:], loaded[1:]):
             if tokenizer.digest() != first:
                 raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                                   "different ones")
+            if (config.data.src_lang, config.data.tgt_lang) != (data.src_lang, data.tgt_lang):
+                raise OptionError(f"an ensemble translates one language pair: {paths[0]} is {data.src_lang}->"
+                                  f"{data.tgt_lang}, {path} {config.data.src_lang}->{config.data.tgt_lang}")
         config, model, tokenizer = loaded[0]
         translator = cls(model, tokenizer, config, resolve_device(device), quantization=quantization,
                          workers=workers)

@@ -97,8 +97,8 @@ def test_an_existing_output_is_replaced_only_when_it_is_an_earlier_average(train
     for existing in (trained, notes, tmp_path):
         before = existing.read_bytes() if existing.is_file() else None
         assert main(["average", "--checkpoints", *paths, "--output", str(existing)]) == 2
-        assert re.search(rf"--output {re.escape(str(existing))}: exists and is not an averaged checkpoint",
-                         capsys.readouterr().err)
+        kind = "a folder" if existing.is_dir() else "a file other than an averaged checkpoint"
+        assert re.search(rf"--output {re.escape(str(existing))}: exists and is {kind}", capsys.readouterr().err)
         assert (existing.read_bytes() if existing.is_file() else None) == before
     average = tmp_path / "avg.pt"
     assert main(["average", "--checkpoints", paths[0], "--output", str(average)]) == 0

@@ -286,15 +286,17 @@ def stopped_run(tmp_path, tiny_config, monkeypatch):
                                         ("training.seed", 99), ("data.max_tokens_per_batch", 4096),
                                         ("training.accumulate_steps", 2), ("data.vocab_size", 400),
                                         ("data.subword_sampling", True), ("data.subword_alpha", 0.2)])
-def test_resume_refuses_a_change_that_would_alter_the_run(stopped_run, key, value):
+def test_resume_refuses_a_change_that_would_alter_the_run(stopped_run, key, value, caplog):
     config, run_dir = stopped_run
     section, name = key.split(".")
     old = getattr(getattr(config, section), name)
-    changed = override_config(config, [f"{key}={value}"])
+    changed = override_config(config, [f"{key}={value}", "training.max_steps=30"])  # with an allowed change
     new = changed.to_dict()[section][name]
-    with pytest.raises(ConfigError, match=re.escape(f"{key} (checkpoint: {old!r}, now: {new!r})")):
+    with caplog.at_level(logging.INFO), \
+            pytest.raises(ConfigError, match=re.escape(f"{key} (checkpoint: {old!r}, now: {new!r})")):
         train(changed, run_dir, resume=True)
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"] == 8  # nothing touched
+    assert "max_steps changed" not in caplog.text  # a refused resume does not log as if it went on
 
 
 def test_every_key_in_the_contract_is_accepted(stopped_run):

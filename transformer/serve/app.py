@@ -209,6 +209,7 @@ def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimi
             search = {key: getattr(options, key) for key in SEARCH_OPTIONS}
             results = await _unless_disconnected(request, batcher.run_on_worker(lambda: translator.translate_n_best(
                 sentences, prefixes=body.prefix, **search)))
+            batcher.count(1, len(sentences))
         response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
         if body.alignment:
             if not _is_pytorch(translator):

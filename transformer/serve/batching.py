@@ -114,6 +114,15 @@ class RequestBatcher:
             raise RuntimeError("RequestBatcher.start() was not called")
         return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
 
+    def count(self, n_requests: int, n_sentences: int) -> None:
+        """Count one decoding call of `n_requests` requests and `n_sentences` sentences in `stats` (called for the
+        batches made here, and for requests decoded on their own through `run_on_worker`)."""
+        self.stats.requests += n_requests
+        self.stats.sentences += n_sentences
+        self.stats.batches += 1
+        self.stats.largest_batch_sentences = max(self.stats.largest_batch_sentences, n_sentences)
+        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, n_requests)
+
     async def _collect(self) -> list[_Request]:
         """The first waiting request and those that arrive within max_wait_ms, up to max_batch_sentences."""
         assert self._queue is not None
@@ -158,11 +167,7 @@ class RequestBatcher:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
-        self.stats.requests += len(group)
-        self.stats.sentences += len(sentences)
-        self.stats.batches += 1
-        self.stats.largest_batch_sentences = max(self.stats.largest_batch_sentences, len(sentences))
-        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(group))
+        self.count(len(group), len(sentences))
         start = 0
         for request in group:
             if not request.future.done():  # a client that went away during the decode leaves a cancelled future

@@ -103,8 +103,8 @@ def average_to_file(paths: list[str | Path], output: str | Path) -> dict[str, An
     """
     output = Path(output)
     if output.exists() and not _is_average(output):
-        raise CheckpointError(f"--output {output}: exists and is not an averaged checkpoint (it would be "
-                              "overwritten): choose another file, or remove it first")
+        kind = "a folder" if output.is_dir() else "a file other than an averaged checkpoint (it would be overwritten)"
+        raise CheckpointError(f"--output {output}: exists and is {kind}: choose another file, or remove it first")
     averaged = average_checkpoints(paths)
     save_checkpoint(averaged, output)
     return averaged

@@ -155,7 +155,7 @@ def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> No
     """
     before = _flat(config_from_dict(saved["config"], vocab_sizes=tuple(saved["vocab_sizes"])))
     after = _flat(config)
-    refused = []
+    refused, allowed = [], []
     for key in sorted(after):
         old, new = before.get(key), after[key]
         if old == new or (key == "training.precision" and new == "auto"):
@@ -166,12 +166,14 @@ def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> No
         if rule is None:
             refused.append(f"{key} (checkpoint: {old!r}, now: {new!r})")
         else:
-            logger.info("resume: %s changed from %r to %r: %s", key, old, new, rule)
+            allowed.append((key, old, new, rule))
     if refused:
         raise ConfigError(f"{path}: --resume cannot change {'; '.join(refused)}: it would change the model, data, "
                           "batch order or optimisation the run has followed. Resume with the checkpoint's values or "
                           "start a new --run-dir. Keys that may change: "
                           f"{', '.join(RESUME_MAY_CHANGE)}")
+    for key, old, new, rule in allowed:  # logged once the resume is accepted
+        logger.info("resume: %s changed from %r to %r: %s", key, old, new, rule)
 
 
 def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, config: Config,
