@@ -18,7 +18,7 @@ ORDER = [
     "files", "hf",
     "checkpoint",
     "decoding.interface", "decoding.ngram", "decoding.greedy", "decoding.beam", "decoding.sampling",
-    "decoding.ensemble", "decoding.alignment",
+    "decoding.ensemble", "decoding.alignment", "decoding.options",
     "decoding", "passthrough", "translate", "evaluate", "ct2",
     "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",

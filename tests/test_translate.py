@@ -68,7 +68,7 @@ def test_n_best_sorted_and_first_is_the_one_best(translator, test_lines):
 
 
 def test_distinct_first_prefers_new_texts_and_keeps_n_entries():
-    from transformer.translate import distinct_first
+    from transformer.decoding.options import distinct_first
 
     texts = ["a", "a", "b", "a", "c"]
     assert distinct_first(texts, 3) == [0, 2, 4]
@@ -84,7 +84,7 @@ def test_n_best_texts_are_distinct_where_the_beam_found_them(translator, test_li
     repeats common: the n-best list takes new texts from all of the beam's hypotheses before any repeat."""
     decode = translator.tokenizer.decode_tgt
     monkeypatch.setattr(translator.tokenizer, "decode_tgt", lambda ids: (decode(ids).split() or [""])[0])
-    from transformer.translate import distinct_first
+    from transformer.decoding.options import distinct_first
 
     lines = test_lines[:8]
     everything = translator.translate_n_best(lines, beam_size=5, n_best=5)  # the whole beam

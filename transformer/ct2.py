@@ -37,10 +37,11 @@ from .checkpoint import load_for_inference
 from .config import Config, DecodingConfig, OptionError, config_from_dict
 from .decoding import max_output_length
 from .decoding.beam import gnmt_length_penalty
+from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
 from .files import ExportError, check_replaceable, write_folder
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import SPECIAL_PIECES, Tokenizer
-from .translate import check_workers, decoding_options, distinct_first, n_best_search, warn_length_cap
+from .translate import check_workers
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ vocabulary cannot represent is copied into the output once, unchanged (`passthro
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -23,11 +22,12 @@ from typing import Any, Optional
 import torch
 
 from .checkpoint import load_for_inference
-from .config import BOS_ID, EOS_ID, Config, ConfigError, DecodingConfig, OptionError
+from .config import BOS_ID, EOS_ID, Config, DecodingConfig, OptionError
 from .data import make_batch
 from .decoding import Hypothesis, beam_search, greedy_decode
 from .decoding.alignment import align_words
 from .decoding.ensemble import EnsembleDecoder
+from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
 from .decoding.sampling import sample_decode
 from .device import resolve_device
 from .fast import decoder_for
@@ -169,10 +169,11 @@ class Translator:
         return time.perf_counter() - start
 
     def decoding_options(self, **overrides: Optional[float]) -> DecodingConfig:
-        """The config's decoding section with the given (non-None) overrides, validated.
+        """The config's decoding section with the given (non-None) overrides, validated
+        (`decoding/options.py: decoding_options`).
 
         Raises:
-            ConfigError: an option out of range (e.g. n_best > beam_size).
+            ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option without sampling.
         """
         return decoding_options(self.config.decoding, **overrides)
 
@@ -364,65 +365,6 @@ def check_workers(workers: int) -> None:
     """Raises OptionError unless `workers` (batches decoded at once) is at least 1."""
     if workers < 1:
         raise OptionError("{workers}: must be at least 1", workers=workers)
-
-
-def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
-    """The options to search with and whether to pick the n-best list from the search's hypotheses with
-    `distinct_first`: for beam search asked for more than one hypothesis, every hypothesis of the beam (n_best =
-    beam_size; the search itself does not depend on n_best), picked; otherwise (one hypothesis, or sampling's
-    independent draws) `options` as they are, taken as they come."""
-    if options.n_best > 1 and not options.sampling:
-        return dataclasses.replace(options, n_best=options.beam_size), True
-    return options, False
-
-
-def warn_length_cap(n_hit: int, n_outputs: int, options: DecodingConfig) -> None:
-    """Log how many of `n_outputs` best outputs were cut at the length cap (nothing when none was)."""
-    if n_hit:
-        logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b (%.3g * src_len + %d "
-                       "tokens) before eos", n_hit, n_outputs, options.max_len_a, options.max_len_b)
-
-
-def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:
-    """Which `n` of a search's hypotheses (given by their `texts`, best first) make the n-best list: subword models
-    can spell one text with different pieces (after BPE-dropout training they do), so a beam's best hypotheses may
-    repeat a text. In order: the finished hypotheses with texts not seen before, the finished repeats, then
-    hypotheses cut at the length cap (`finished` False; new texts first), each group best first; so every input
-    keeps `n` entries, and a wider beam finds more distinct texts.
-
-    Returns:
-        Indices into `texts`.
-    """
-    done = finished or [True] * len(texts)
-    seen: set[str] = set()
-    groups: tuple[list[int], ...] = ([], [], [], [])
-    for i, text in enumerate(texts):
-        groups[(0 if done[i] else 2) + (text in seen)].append(i)
-        seen.add(text)
-    return [i for group in groups for i in group][:n]
-
-
-def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:
-    """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it, and
-    sampling without a beam_size sets it to 1.
-
-    Raises:
-        ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option (top_k, top_p,
-            temperature, seed) changed for a search that does not sample (it would be ignored).
-    """
-    values = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
-    if unknown:
-        raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
-    ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
-    if ignored and not values.get("sampling", base.sampling):
-        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling: add --sampling (decoding.sampling: "
-                          "true), or leave it out")
-    if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
-        values["beam_size"] = 1
-    if "beam_size" in values and "n_best" not in values:
-        values["n_best"] = min(base.n_best, values["beam_size"])
-    return dataclasses.replace(base, **values)
 
 
 def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:

@@ -1,0 +1,72 @@
+"""The options of one decoding call: overrides of a checkpoint's `decoding` section validated
+(`decoding_options`), and how an n-best list is taken from a search's hypotheses (`n_best_search`,
+`distinct_first`), shared by our `Translator` and the CTranslate2 one so that both answer alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+from ..config import ConfigError, DecodingConfig, OptionError
+
+logger = logging.getLogger(__name__)
+
+
+def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
+    """The options to search with and whether to pick the n-best list from the search's hypotheses with
+    `distinct_first`: for beam search asked for more than one hypothesis, every hypothesis of the beam (n_best =
+    beam_size; the search itself does not depend on n_best), picked; otherwise (one hypothesis, or sampling's
+    independent draws) `options` as they are, taken as they come."""
+    if options.n_best > 1 and not options.sampling:
+        return dataclasses.replace(options, n_best=options.beam_size), True
+    return options, False
+
+
+def warn_length_cap(n_hit: int, n_outputs: int, options: DecodingConfig) -> None:
+    """Log how many of `n_outputs` best outputs were cut at the length cap (nothing when none was)."""
+    if n_hit:
+        logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b (%.3g * src_len + %d "
+                       "tokens) before eos", n_hit, n_outputs, options.max_len_a, options.max_len_b)
+
+
+def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:
+    """Which `n` of a search's hypotheses (given by their `texts`, best first) make the n-best list: subword models
+    can spell one text with different pieces (after BPE-dropout training they do), so a beam's best hypotheses may
+    repeat a text. In order: the finished hypotheses with texts not seen before, the finished repeats, then
+    hypotheses cut at the length cap (`finished` False; new texts first), each group best first; so every input
+    keeps `n` entries, and a wider beam finds more distinct texts.
+
+    Returns:
+        Indices into `texts`.
+    """
+    done = finished or [True] * len(texts)
+    seen: set[str] = set()
+    groups: tuple[list[int], ...] = ([], [], [], [])
+    for i, text in enumerate(texts):
+        groups[(0 if done[i] else 2) + (text in seen)].append(i)
+        seen.add(text)
+    return [i for group in groups for i in group][:n]
+
+
+def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:
+    """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it, and
+    sampling without a beam_size sets it to 1.
+
+    Raises:
+        ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option (top_k, top_p,
+            temperature, seed) changed for a search that does not sample (it would be ignored).
+    """
+    values = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
+    if unknown:
+        raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
+    ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
+    if ignored and not values.get("sampling", base.sampling):
+        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling: add --sampling (decoding.sampling: "
+                          "true), or leave it out")
+    if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
+        values["beam_size"] = 1
+    if "beam_size" in values and "n_best" not in values:
+        values["n_best"] = min(base.n_best, values["beam_size"])
+    return dataclasses.replace(base, **values)
