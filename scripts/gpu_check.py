@@ -97,8 +97,8 @@ QUICK_MODEL = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_
 
 
 def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run with output captured as text, in a process group of its own: on timeout the whole group is
-    killed (torchrun's workers as well as torchrun) and subprocess.TimeoutExpired raised."""
+    """subprocess.run with output captured as text, in a process group of its own: on timeout (or when this script
+    is interrupted) the whole group is killed, torchrun's workers as well as torchrun, and the exception raised."""
     timeout = STAGE_TIMEOUT_S[stage]
     if DEADLINE is not None:
         timeout = max(1.0, min(timeout, DEADLINE - time.perf_counter()))
@@ -106,7 +106,7 @@ def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProces
                                start_new_session=True, **kwargs)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # the time limit, or Ctrl-C / SIGTERM to this script: the group would live on
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -114,6 +114,10 @@ def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProces
         process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _raise_on_sigterm(signum: int, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # so that `_run` stops the subprocesses it started
 
 
 def _sync(device: torch.device) -> None:
@@ -297,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args.config = str(ROOT / "configs" / "wmt14_en_de_base.yaml")
     args.shared = str(Path(args.shared).resolve())
     begin = time.perf_counter()
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     global DEADLINE
     DEADLINE = begin + args.budget_s if args.budget_s > 0 else None
     device = torch.device(args.device)

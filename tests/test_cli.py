@@ -128,6 +128,12 @@ def test_evaluate_split_and_files(trained_run, multi30k_subset, tmp_path):
                    "--set", f"data.path={multi30k_subset}").returncode == 0
     record_greedy = json.loads(greedy.read_text())
     assert record_greedy["beam_size"] == 1 and record_greedy["length_penalty"] is None  # greedy uses no α
+    (tmp_path / "eval" / "blocked.hyp.txt").mkdir()  # a folder where the hypotheses would go: one line, status 2
+    result = run_cli("evaluate", "--checkpoint", ckpt, "--split", "test", "--json", str(tmp_path / "eval" /
+                     "blocked.json"), "--beam-size", "1", "--set", f"data.path={multi30k_subset}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
+        f"error: --json: cannot write {tmp_path / 'eval' / 'blocked.hyp.txt'}: "), result.stderr
+    assert not (tmp_path / "eval" / "blocked.json").exists() and not list((tmp_path / "eval").glob(".*.tmp"))
     assert not any("▁" in h for h in hyps)  # detokenized
     refs = (multi30k_subset / "test_2016_flickr.en.gz")
     import gzip

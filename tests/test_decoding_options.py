@@ -69,8 +69,8 @@ def test_cli_sampling_is_reproducible_and_bad_values_name_the_flag(checkpoint, l
         assert len(err) == 1 and err[0].startswith(f"error: {name}:"), err
     for flag, value in (("--top-k", "5"), ("--top-p", "0.9"), ("--temperature", "0.5"), ("--seed", "3")):
         assert main(["translate", "--checkpoint", str(checkpoint), lines[0], flag, value]) == 2  # not sampling
-        assert capsys.readouterr().err == f"error: {flag}: used only when sampling: add --sampling " \
-                                          "(decoding.sampling: true), or leave it out\n"
+        assert capsys.readouterr().err == f"error: {flag}: used only when sampling (--sampling; sampling: true " \
+                                          "in a config or request): add it, or leave this option out\n"
 
 
 def test_cli_no_repeat_ngram_size(checkpoint, lines, capsys):

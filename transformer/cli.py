@@ -8,7 +8,6 @@ anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -327,7 +326,7 @@ EVALUATE_CHUNK = 2000
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .ct2 import open_translator
-    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data
+    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, write_results
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
@@ -349,16 +348,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
           + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
     if args.json:
-        json_path = Path(args.json)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        hyp_path = json_path.with_suffix(".hyp.txt")
-        hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         record = {**scores.to_dict(), "checkpoint": " ".join(args.checkpoint), "data": origin,
                   "beam_size": options.beam_size, "length_penalty": length_penalty,
-                  "quantization": args.quantization, "compile": args.compile, "workers": args.workers,
-                  "hypotheses": str(hyp_path)}
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {json_path} and {hyp_path}")
+                  "quantization": args.quantization, "compile": args.compile, "workers": args.workers}
+        print(f"wrote {args.json} and {write_results(args.json, hyps, record)}")
     return 0
 
 

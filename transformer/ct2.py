@@ -287,7 +287,7 @@ class CTranslate2Translator:
                                                               [f for _, _, f in found])]
                 results[i] = [(text, score) for text, score, _ in found]
                 n_hit += not found[0][2]
-        warn_length_cap(n_hit, len(kept), opts)
+        warn_length_cap(n_hit, len(texts), opts)
         return results
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:

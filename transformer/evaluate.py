@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import asdict, dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import sacrebleu
 
@@ -115,3 +118,27 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
         if len(refs[-1]) != len(src):
             raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}")
     return src, refs, config.data.tgt_lang, f"{src_path} + {' + '.join(ref_paths)}"
+
+
+def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str, Any]) -> Path:
+    """Write the hypotheses (one per line) to JSON_PATH with the suffix .hyp.txt, then `record` with their path
+    under "hypotheses" as JSON to `json_path`; each file whole or not at all (a temporary file, then renamed).
+    Returns the hypotheses' path.
+
+    Raises:
+        DataError: a file cannot be written (a full disk, a folder in the way), naming it.
+    """
+    json_path = Path(json_path)
+    hyp_path = json_path.with_suffix(".hyp.txt")
+    for path, text in ((hyp_path, "".join(h + "\n" for h in hypotheses)),
+                       (json_path, json.dumps({**record, "hypotheses": str(hyp_path)}, indent=2) + "\n")):
+        temporary = path.with_name(f".{path.name}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, path)
+        except OSError as err:
+            if temporary.parent.is_dir():
+                temporary.unlink(missing_ok=True)
+            raise DataError(f"--json: cannot write {path}: {err.strerror or err}") from None
+    return hyp_path

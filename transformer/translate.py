@@ -137,7 +137,8 @@ class Translator:
             if tokenizer.digest() != first:
                 raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                                   "different ones")
-            if (config.data.src_lang, config.data.tgt_lang) != (data.src_lang, data.tgt_lang):
+            pairs = {(config.data.src_lang, config.data.tgt_lang), (data.src_lang, data.tgt_lang)}
+            if len(pairs) > 1 and ("src", "tgt") not in pairs:  # ("src", "tgt"): a MarianMT folder's unknown pair
                 raise OptionError(f"an ensemble translates one language pair: {paths[0]} is {data.src_lang}->"
                                   f"{data.tgt_lang}, {path} {config.data.src_lang}->{config.data.tgt_lang}")
         config, model, tokenizer = loaded[0]
@@ -214,7 +215,8 @@ class Translator:
             options: as `translate`.
 
         Raises:
-            ConfigError: an option is out of range (e.g. n_best > beam_size).
+            ConfigError: an option is out of range (e.g. n_best > beam_size), or a sampling option is given
+                without sampling.
             OptionError: an unknown option, or prefixes not one per sentence.
         """
         options = self.decoding_options(n_best=n_best, **options)

@@ -21,7 +21,7 @@ from transformer.config import ConfigError, load_config, override_config
 from transformer.training import trainer
 from transformer.training.checkpoint import RESUME_MAY_CHANGE, TrainState, check_resume_config
 from transformer.training.optim import learning_rate
-from transformer.training.stop import MIN_LOSS_SCALE, NonFiniteLossError, count_skipped_update
+from transformer.training.stop import MAX_SCALE_SEARCH, MIN_LOSS_SCALE, NonFiniteLossError, count_skipped_update
 from transformer.training.trainer import TrainingInterrupted, train
 
 TINY = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1},
@@ -72,7 +72,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, tiny_config,
     with monkeypatch.context() as patch:
         interrupt_after(patch, 7)
         # An fp16 overflow in the first updates would be skipped, not counted as a step.
-        stopped = "SIGINT: stopped at step " + ("7" if precision == "fp32" else "")
+        stopped = r"SIGINT: stopped at step " + ("7" if precision == "fp32" else r"\d+")
         with pytest.raises(TrainingInterrupted, match=stopped):
             train(tiny_config, tmp_path / "resumed")
     resumed = train(tiny_config, tmp_path / "resumed", resume=True)
@@ -178,37 +178,56 @@ def test_a_skipped_update_is_not_a_step(tmp_path, tiny_config, monkeypatch):
     """max_steps, the learning-rate schedule and the log/validation intervals count applied updates."""
     real_loss, calls = trainer.batch_loss, {"n": 0}
 
-    def nan_twice(module, batch):
+    def nan_three_times(module, batch):  # the updates after steps 2 and 3, and the one after step 15
         calls["n"] += 1
         loss, nll = real_loss(module, batch)
-        return (loss * float("nan"), nll) if calls["n"] in (3, 4) else (loss, nll)
+        return (loss * float("nan"), nll) if calls["n"] in (3, 4, 18) else (loss, nll)
 
-    monkeypatch.setattr(trainer, "batch_loss", nan_twice)
+    monkeypatch.setattr(trainer, "batch_loss", nan_three_times)
     counts = _count_updates(monkeypatch)
     state = train(tiny_config, tmp_path / "run")
-    assert (state.step, state.n_skipped_updates, counts["calls"], counts["applied"]) == (20, 2, 22, 20)
+    assert (state.step, state.n_skipped_updates, counts["calls"], counts["applied"]) == (20, 3, 23, 20)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["type"] == "train"] == [5, 10, 15, 20]
-    assert [r["step"] for r in records if r["type"] == "valid"] == [15, 20]  # not repeated at a skipped step
+    assert [r["step"] for r in records if r["type"] == "valid"] == [15, 20]  # not again after the skip at 15
     training, d_model = tiny_config.training, tiny_config.model.d_model
     assert [r["lr"] for r in records if r["type"] == "train"] == [
         learning_rate(step, training, d_model) for step in (5, 10, 15, 20)]
 
 
+def _overflowed(scaler: torch.amp.GradScaler) -> torch.amp.GradScaler:
+    """`scaler` after an update that found an inf gradient (as train_step leaves it): its scale halved."""
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    scaler.scale(parameter.sum()).backward()
+    parameter.grad.fill_(float("inf"))
+    scaler.unscale_(optimizer)
+    scaler.update()
+    return scaler
+
+
 def test_fp16_overflows_count_toward_the_limit_only_below_a_loss_scale_of_one(tmp_path):
     state, last = TrainState(step=7), tmp_path / "checkpoints" / "last.pt"
-    searching = torch.amp.GradScaler("cpu", init_scale=2 * MIN_LOSS_SCALE)  # still searching for a scale
-    for _ in range(5):
-        count_skipped_update(state, 3, searching, last)
-    assert (state.n_skipped_updates, state.nonfinite_in_a_row) == (5, 0)
-    exhausted = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)  # overflowing even unscaled
-    count_skipped_update(state, 3, exhausted, last)
-    count_skipped_update(state, 3, exhausted, last)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8 * MIN_LOSS_SCALE)
+    for expected_scale in (4, 2, 1):  # halved, still searching for a scale that fits fp16
+        count_skipped_update(state, 3, _overflowed(scaler), last)
+        assert scaler.get_scale() == expected_scale * MIN_LOSS_SCALE
+    assert (state.n_skipped_updates, state.nonfinite_in_a_row) == (3, 0)
+    count_skipped_update(state, 3, _overflowed(scaler), last)  # below 1: the gradients overflow unscaled
+    count_skipped_update(state, 3, _overflowed(scaler), last)
     with pytest.raises(NonFiniteLossError, match=f"3 updates in a row .*max_nonfinite_steps=3.*{last}"):
-        count_skipped_update(state, 3, exhausted, last)
-    assert (state.step, state.n_skipped_updates) == (7, 8)
+        count_skipped_update(state, 3, _overflowed(scaler), last)
+    assert (state.step, state.n_skipped_updates, state.skipped_in_a_row) == (7, 6, 6)
     with pytest.raises(NonFiniteLossError):  # without a scaler (fp32, bf16) every skip counts
         count_skipped_update(TrainState(), 1, None, last)
+    # A scale that stays high (the scaler saw no inf, yet the norm was not finite): counted after MAX_SCALE_SEARCH.
+    state, unchanged = TrainState(), torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    for _ in range(MAX_SCALE_SEARCH):
+        count_skipped_update(state, 3, unchanged, last)
+    assert state.nonfinite_in_a_row == 0
+    with pytest.raises(NonFiniteLossError):
+        for _ in range(3):
+            count_skipped_update(state, 3, unchanged, last)
 
 
 @pytest.mark.cuda

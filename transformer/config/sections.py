@@ -274,7 +274,8 @@ class TrainingConfig:
     validations)."""
     max_nonfinite_steps: int = 10
     """Stop after this many updates in a row with a non-finite loss or gradient (each is skipped, not a step). Under
-    fp16, gradient overflows count only once the loss scale is below 1 (`training/stop.py`)."""
+    fp16, gradient overflows count only once the loss scale is below 1 or after 64 skips in a row
+    (`training/stop.py`)."""
     precision: str = "fp32"
     """Forward/backward precision through torch.autocast: "fp32", "bf16" (CPU and CUDA), "fp16" (CUDA only,
     with a gradient scaler) or "auto" (bf16 where it is faster: on CUDA with bf16 support, and on a CPU whose

@@ -55,7 +55,8 @@ def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> Deco
 
     Raises:
         ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option (top_k, top_p,
-            temperature, seed) changed for a search that does not sample (it would be ignored).
+            temperature, seed) set to another value than `base`'s for a search that does not sample (it would be
+            ignored; `base`'s own values pass, so that a complete set of options can be given back).
     """
     values = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
@@ -63,8 +64,8 @@ def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> Deco
         raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
     ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
     if ignored and not values.get("sampling", base.sampling):
-        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling: add --sampling (decoding.sampling: "
-                          "true), or leave it out")
+        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling (--sampling; sampling: true in a "
+                          "config or request): add it, or leave this option out")
     if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
         values["beam_size"] = 1
     if "beam_size" in values and "n_best" not in values:

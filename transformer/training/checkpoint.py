@@ -60,6 +60,9 @@ class TrainState:
     best_bleu: float = -1.0
     evals_without_improvement: int = 0
     nonfinite_in_a_row: int = 0
+    """Skipped updates in a row that count toward training.max_nonfinite_steps (`training/stop.py`)."""
+    skipped_in_a_row: int = 0
+    """Skipped updates in a row, counted or not."""
     n_skipped_updates: int = 0
     elapsed_s: float = 0.0
     """Training wall time so far, across resumes (seconds)."""

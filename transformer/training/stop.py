@@ -24,6 +24,11 @@ MIN_LOSS_SCALE = 1.0
 fallen below this: above it an overflow is the scaler's search for a scale that fits fp16 (it halves the scale and
 the update is retried on the next batch); below it the gradients overflow even unscaled."""
 
+MAX_SCALE_SEARCH = 64
+"""Skipped updates in a row after which every further fp16 skip counts, whatever the loss scale: halving 64 times
+takes any scale a run reaches below `MIN_LOSS_SCALE`, so a longer series is not the scaler's search (for instance a
+gradient whose elements are finite but whose norm is not, which leaves the scale as it is)."""
+
 
 class StopRequest:
     """SIGINT/SIGTERM handler while training (a context manager): `signal_name` is None until a signal arrives,
@@ -63,15 +68,17 @@ def count_skipped_update(state: TrainState, max_nonfinite_steps: int, scaler: Op
 
     A skipped update is not a step: `state.step` (and so the learning-rate schedule, `max_steps` and the log,
     validation and save intervals) counts applied updates; `state.n_skipped_updates` counts the skipped ones. Under
-    fp16 (`scaler` given) an overflow while the loss scale is at least `MIN_LOSS_SCALE` is logged and not counted
-    toward the limit.
+    fp16 (`scaler` given, already updated for this skip) an overflow that leaves the loss scale at least
+    `MIN_LOSS_SCALE` is logged and not counted toward the limit, unless `MAX_SCALE_SEARCH` updates in a row were
+    skipped.
 
     Raises:
         NonFiniteLossError: after `max_nonfinite_steps` counted skips in a row (a run whose loss became NaN), naming
             the last good checkpoint.
     """
     state.n_skipped_updates += 1
-    if scaler is not None and scaler.get_scale() >= MIN_LOSS_SCALE:
+    state.skipped_in_a_row += 1
+    if scaler is not None and scaler.get_scale() >= MIN_LOSS_SCALE and state.skipped_in_a_row <= MAX_SCALE_SEARCH:
         logger.info("step %d: fp16 gradient overflow, update skipped, loss scale lowered to %g", state.step + 1,
                     scaler.get_scale())
         return

@@ -84,7 +84,7 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                 count_skipped_update(state, training.max_nonfinite_steps, run.scaler, checkpoint_path(run.run_dir))
             else:
                 state.step += 1
-                state.nonfinite_in_a_row = 0
+                state.nonfinite_in_a_row = state.skipped_in_a_row = 0
                 state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
                 state.window_nll = state.window_nll + result[1]
                 state.window_tokens += sum(b.n_tgt_tokens for b in my_share)
@@ -141,7 +141,8 @@ def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optio
             an earlier run without `resume` (`training.checkpoint.check_no_earlier_run`).
         CheckpointError: `resume` with a missing or corrupt last.pt.
         TrainingInterrupted: after SIGINT/SIGTERM, once last.pt is saved.
-        NonFiniteLossError: after `max_nonfinite_steps` non-finite updates in a row.
+        NonFiniteLossError (`training/stop.py`): after `max_nonfinite_steps` non-finite updates in a row (fp16
+            overflows count as `count_skipped_update` says).
     """
     run_dir = Path(run_dir)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
