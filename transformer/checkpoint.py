@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .config import Config, config_from_dict
-from .files import CheckpointError
+from .files import CheckpointError, with_default_mode
 from .hf import is_marian_dir, load_marian
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -50,6 +50,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        with_default_mode(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -91,8 +92,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                               "Python objects, which could run code when loaded; it was not written by this "
                               "project") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0][:200]  # its first sentence
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None
+    if head[:4] == b"PK\x03\x04":  # torch.load does not check the zip's CRC-32s: damaged bytes would load as weights
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+        if damaged is not None:
+            raise CheckpointError(f"{path}: corrupt: the bytes of {damaged} do not match their stored checksum "
+                                  "(damaged after it was written)")
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
     return state

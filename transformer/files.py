@@ -7,6 +7,7 @@ earlier export or empty (`check_replaceable`).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -44,6 +45,16 @@ def check_replaceable(output_dir: Path, force: bool, is_earlier_export: Callable
                           "--force replaces only an export or an empty folder: choose another --output")
 
 
+def with_default_mode(path: Path) -> None:
+    """Give `path` (a file, or a folder and everything in it) the permissions that open() and mkdir() give under
+    the process's umask: temporary files and folders are created private (0600, 0700), and a checkpoint or export
+    renamed from one would stay unreadable to other users."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~umask)
+
+
 def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
     """Build a folder under a temporary name beside `output_dir` (`write(staging)`), then rename it into place.
 
@@ -54,6 +65,7 @@ def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     try:
         write(staging)
+        with_default_mode(staging)
         if output_dir.exists():  # an earlier export or an empty folder (checked): out of the way, then gone
             retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
             output_dir.rename(retired / output_dir.name)

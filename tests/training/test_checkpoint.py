@@ -16,6 +16,29 @@ def test_round_trip_and_no_temp_files_left(tmp_path):
     loaded = load_checkpoint(path)
     assert loaded["step"] == 5 and torch.equal(loaded["model"]["w"], torch.ones(3))
     assert os.listdir(path.parent) == ["last.pt"]
+    umask = os.umask(0o022)
+    try:  # readable by others as any file the user writes (not the 0600 of a temporary file)
+        save_checkpoint(STATE, path)
+        assert path.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)
+
+
+def test_a_folder_written_at_once_gets_the_usual_permissions(tmp_path):
+    from transformer.files import write_folder
+
+    def write(staging):
+        (staging / "sub").mkdir()
+        (staging / "sub" / "model.bin").write_bytes(b"x")
+        os.chmod(staging / "sub" / "model.bin", 0o600)  # as some writers leave their files
+
+    umask = os.umask(0o022)
+    try:
+        write_folder(tmp_path / "export", write)
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [tmp_path / "export", *(tmp_path / "export").rglob("*")]}
+    assert modes == {"export": 0o755, "sub": 0o755, "model.bin": 0o644}
 
 
 def test_a_link_is_written_through_and_a_non_file_is_refused(tmp_path):
@@ -53,10 +76,21 @@ def test_truncated_checkpoint_is_one_clear_error(tmp_path):
     save_checkpoint(STATE, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"best\.pt: not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"best\.pt: not a readable checkpoint") as refused:
         load_checkpoint(path)
+    assert not str(refused.value).endswith(" is")  # torch's first sentence, not a cut one
     path.write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"best\.pt"):
+        load_checkpoint(path)
+
+
+def test_damaged_bytes_inside_a_checkpoint_are_refused(tmp_path):
+    path = tmp_path / "best.pt"
+    save_checkpoint({"model": {"w": torch.ones(100_000)}, "config": {"model": {}}}, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = b"\xff" * 64  # inside the weights: torch.load would not notice
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"best\.pt: corrupt: the bytes of .* do not match their stored checksum"):
         load_checkpoint(path)
 
 
