@@ -229,3 +229,16 @@ def test_an_imported_marian_model_exports_to_ctranslate2_and_translates_alike(ma
     options = dict(beam_size=1, max_len_a=0.0, max_len_b=12)
     assert ct2.CTranslate2Translator(tmp_path / "ct2").translate(lines, **options) == \
         Translator.from_checkpoint(marian_dir).translate(lines, **options)
+
+
+def test_a_marian_tokenizer_saved_in_a_run_and_loaded_back_keeps_its_digest(marian_dir, tmp_path):
+    """Fine-tuning saves the source's tokenizer in the run; --resume loads it from there: the same ids, the same
+    digest (else the token cache, keyed by it, would be built again)."""
+    from transformer.tokenizer import Tokenizer
+
+    tokenizer = load_for_inference(marian_dir)[2]
+    tokenizer.save(tmp_path, "de", "en")
+    again = Tokenizer.load(tmp_path, "de", "en", joint=True)
+    assert again.digest() == tokenizer.digest()
+    lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    assert again.encode_src(lines) == tokenizer.encode_src(lines)

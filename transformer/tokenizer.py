@@ -161,11 +161,12 @@ class Tokenizer:
         return cls(data["src"], data.get("tgt"), data.get("vocab"), data.get("export_order"))
 
     def digest(self) -> str:
-        """SHA-256 of what decides the token ids: the sentencepiece model(s) and the vocabulary, if any."""
+        """SHA-256 of what decides the token ids: the sentencepiece model(s) and the vocabulary, if any (a target
+        model identical to the source model decides what no separate one does: the same digest)."""
         import hashlib
 
         digest = hashlib.sha256(self.src_proto)
-        if self.tgt_proto is not None:
+        if self.tgt_proto is not None and self.tgt_proto != self.src_proto:
             digest.update(b"\0target\0" + self.tgt_proto)
         if self.vocab is not None:
             digest.update(b"\0vocab\0" + "\n".join(self.vocab).encode("utf-8"))
