@@ -7,6 +7,7 @@ CUDA, gloo on the CPU). A plain `transformer train` gets a `Distributed` of worl
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..device import DeviceError
 
@@ -116,3 +119,13 @@ def shutdown_distributed(finished: bool = False) -> None:
     if finished:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def data_parallel(module: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """`module` under DistributedDataParallel on `device` (its GPU, or the CPU), without syncing buffers at each
+    forward: ours (the positional encoding table) are constants. torch 2.13 names that `forward_sync_buffers=False`
+    (and warns about the older `broadcast_buffers=False`, which earlier versions need)."""
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+               else "broadcast_buffers")
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   **{no_sync: False})

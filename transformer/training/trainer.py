@@ -46,7 +46,7 @@ from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
 from .data import CacheEpochs, ValidationSet, epoch_batches, prepare_data, training_epochs
-from .distributed import Distributed, init_distributed
+from .distributed import Distributed, data_parallel, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
 from .optim import build_optimizer, learning_rate, set_lr
@@ -177,9 +177,8 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
     state = restore(run_dir, model, optimizer, config, device, dist, scaler) if resume else TrainState()
     config = _resolve_precision(config, state, device, dist)
     module: nn.Module = LossComputation(model, config.training.label_smoothing)
-    if dist.is_distributed:  # buffers (the positional encoding table) are constants: nothing to broadcast
-        module = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                         broadcast_buffers=False)
+    if dist.is_distributed:
+        module = data_parallel(module, device)
     if config.training.compile:
         module = torch.compile(module)
     logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
