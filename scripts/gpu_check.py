@@ -210,8 +210,7 @@ def measure_training(config_path: str, sets: list[str], precision: str, work: Pa
         if step == args.warmup:
             _sync(device)
             n_tgt, flops, start = 0, 0.0, time.perf_counter()
-        # The same copy on both devices: pinned memory, then Batch.to (non-blocking on CUDA; nothing on the CPU).
-        made = [(train.batch(g).pin_memory() if device.type == "cuda" else train.batch(g)).to(device) for g in group]
+        made = [train.batch(g).to(device) for g in group]  # as the trainer copies them
         set_lr(optimizer, learning_rate(step + 1, config.training, config.model.d_model))
         result = train_step(module, optimizer, made, config, scaler=scaler)
         if result is not None:  # None: an fp16 overflow, skipped

@@ -13,9 +13,7 @@ reads four of its keys (`load_for_inference`); the full list, and what training 
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import torch
 
 from .config import Config, config_from_dict
-from .files import CheckpointError, with_default_mode
+from .files import CheckpointError, write_file
 from .hf import is_marian_dir, load_marian
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -44,17 +42,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     if path.exists() and not path.is_file():
         raise CheckpointError(f"{path}: exists and is not a regular file; a checkpoint is written to a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        with_default_mode(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

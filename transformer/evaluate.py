@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -13,6 +12,7 @@ import sacrebleu
 
 from .config import Config, ConfigError, OptionError, override_config
 from .data import DataError, load_split, read_lines
+from .files import write_file
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
 
 def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str, Any]) -> Path:
     """Write the hypotheses (one per line) to JSON_PATH with the suffix .hyp.txt, then `record` with their path
-    under "hypotheses" as JSON to `json_path`; each file whole or not at all (a temporary file, then renamed).
+    under "hypotheses" as JSON to `json_path`; each file whole or not at all (`files.write_file`).
     Returns the hypotheses' path.
 
     Raises:
@@ -132,13 +132,10 @@ def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str
     hyp_path = json_path.with_suffix(".hyp.txt")
     for path, text in ((hyp_path, "".join(h + "\n" for h in hypotheses)),
                        (json_path, json.dumps({**record, "hypotheses": str(hyp_path)}, indent=2) + "\n")):
-        temporary = path.with_name(f".{path.name}.tmp")
+        data = text.encode("utf-8")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(text, encoding="utf-8")
-            os.replace(temporary, path)
+            write_file(path, lambda f, data=data: f.write(data))
         except OSError as err:
-            if temporary.parent.is_dir():
-                temporary.unlink(missing_ok=True)
             raise DataError(f"--json: cannot write {path}: {err.strerror or err}") from None
     return hyp_path

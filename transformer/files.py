@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 class CheckpointError(ValueError):
@@ -53,6 +54,27 @@ def with_default_mode(path: Path) -> None:
     os.umask(umask)
     for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
         os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~umask)
+
+
+def write_file(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write the file `path` whole or not at all: `write(f)` into a temporary file beside it, flushed to disk and
+    given the usual permissions (`with_default_mode`), then renamed over `path`. A failure, or a process killed
+    while writing, leaves `path` as it was (a kill can leave the hidden temporary file).
+
+    Raises:
+        OSError: the folder cannot be written (a full disk, a folder in the way); whatever `write` raises.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        with_default_mode(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:

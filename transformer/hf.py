@@ -50,6 +50,9 @@ CONFIG_KEY = "transformer_nmt"
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 """Marian's `activation_function` -> our `model.activation`."""
 
+UNKNOWN_PAIR = ("src", "tgt")
+"""data.src_lang and data.tgt_lang of a MarianMT folder that we did not export: it does not record its languages."""
+
 
 def _safetensors() -> Any:
     try:
@@ -300,7 +303,7 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
         refuse("d_model", "the position tables differ for an odd width")
     saved = marian.get(CONFIG_KEY, {}).get("config")
     raw = json.loads(json.dumps(saved)) if saved else {
-        "data": {"src_lang": "src", "tgt_lang": "tgt", "path": str(folder)},
+        "data": {"src_lang": UNKNOWN_PAIR[0], "tgt_lang": UNKNOWN_PAIR[1], "path": str(folder)},
         "decoding": {"beam_size": 4, "max_repeat": 0}}  # as transformers' generate, which has no such limit
     raw["model"] = {
         "d_model": marian["d_model"], "n_heads": marian["encoder_attention_heads"], "d_ff": marian["encoder_ffn_dim"],

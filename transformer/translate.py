@@ -31,6 +31,7 @@ from .decoding.options import decoding_options, distinct_first, n_best_search, w
 from .decoding.sampling import sample_decode
 from .device import resolve_device
 from .fast import decoder_for
+from .hf import UNKNOWN_PAIR
 from .model import Transformer
 from .passthrough import PassThrough, with_passthrough
 from .tokenizer import Tokenizer
@@ -138,7 +139,7 @@ class Translator:
                 raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                                   "different ones")
             pairs = {(config.data.src_lang, config.data.tgt_lang), (data.src_lang, data.tgt_lang)}
-            if len(pairs) > 1 and ("src", "tgt") not in pairs:  # ("src", "tgt"): a MarianMT folder's unknown pair
+            if len(pairs) > 1 and UNKNOWN_PAIR not in pairs:
                 raise OptionError(f"an ensemble translates one language pair: {paths[0]} is {data.src_lang}->"
                                   f"{data.tgt_lang}, {path} {config.data.src_lang}->{config.data.tgt_lang}")
         config, model, tokenizer = loaded[0]

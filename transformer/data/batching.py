@@ -37,11 +37,13 @@ class Batch:
     n_tgt_tokens: int
 
     def to(self, device: torch.device) -> "Batch":
-        """Copy the tensors to `device` (non-blocking from pinned memory on CUDA)."""
+        """Copy the tensors to `device`; from the CPU to a GPU through pinned memory, without blocking (the copy
+        overlaps the work queued before it)."""
         if self.src.device == device:
             return self
+        source = self.pin_memory() if device.type == "cuda" and self.src.device.type == "cpu" else self
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), move(self.src_key_padding_mask), move(self.tgt_in), move(self.tgt_out),
+        return Batch(move(source.src), move(source.src_key_padding_mask), move(source.tgt_in), move(source.tgt_out),
                      self.n_src_tokens, self.n_tgt_tokens)
 
     def pin_memory(self) -> "Batch":

@@ -101,8 +101,8 @@ class TensorBoardLog:
     def write_attention(self, step: int, weights: torch.Tensor, src_pieces: list[str],
                         tgt_pieces: list[str]) -> None:
         """`weights`: (T, S) attention weights in [0, 1] (rows: target positions, columns: source positions)."""
-        image = weights.float().clamp(0, 1).repeat_interleave(_CELL_PIXELS, 0).repeat_interleave(_CELL_PIXELS, 1)
         if self.images:
+            image = weights.float().clamp(0, 1).repeat_interleave(_CELL_PIXELS, 0).repeat_interleave(_CELL_PIXELS, 1)
             self.writer.add_image("valid/cross_attention", image, step, dataformats="HW")
         self.writer.add_text("valid/cross_attention_labels",
                              f"source (columns): {' '.join(src_pieces)}\n\n"

@@ -64,7 +64,6 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
     run.module.train()
     window_start = time.perf_counter()
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
-    pin = run.device.type == "cuda"
     while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
         pairs = data.epoch(state.epoch)  # the token cache, or this epoch's subword sample
         batches = epoch_batches(pairs, run.config, state.epoch)
@@ -76,7 +75,7 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                 break
             n_tokens = int(sum(pairs.tgt_lengths[indices].sum() for indices in update))  # over all processes
             my_share = [pairs.batch(indices) for indices in update[dist.rank::dist.world_size]]
-            my_share = [(b.pin_memory() if pin else b).to(run.device) for b in my_share]
+            my_share = [b.to(run.device) for b in my_share]  # pinned and non-blocking to a GPU
             set_lr(run.optimizer, learning_rate(state.step + 1, training, run.config.model.d_model))
             result = train_step(run.module, run.optimizer, my_share, run.config, n_tokens, dist.world_size, run.scaler)
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
