@@ -253,6 +253,7 @@ def test_unreachable_vocabulary_size_names_the_largest_that_works(tmp_path):
 
 @pytest.mark.slow
 def test_hf_dataset_direction_is_logged(tmp_path):
+    pytest.importorskip("datasets")
     rows = [{"translation": {"en": f"the house number {i}", "ro": f"casa numarul {i}"}} for i in range(300)]
     for split in ("train", "val"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

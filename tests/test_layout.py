@@ -3,6 +3,7 @@ things are" table), the inference path stands without the training package, priv
 `transformer/fast/`, modules stay small, and the training loop is the first thing `trainer.py` defines."""
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ ORDER = [
 ]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
                      "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model",
-                     "transformer.fast", "transformer.serve"]
+                     "transformer.fast"] + (["transformer.serve"] if importlib.util.find_spec("fastapi") else [])
 
 
 def _module_name(path: Path) -> str:

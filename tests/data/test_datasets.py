@@ -1,5 +1,6 @@
 import gzip
 import json
+import sys
 
 import pytest
 
@@ -59,6 +60,7 @@ def test_invalid_utf8_names_the_line(tmp_path):
 
 
 def test_huggingface_translation_column_from_local_json(tmp_path):
+    pytest.importorskip("datasets")
     rows = [{"translation": {"en": f"hello {i}", "ro": f"salut {i}"}} for i in range(5)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = DataConfig(hf_dataset="json", data_files={"train": str(tmp_path / "train.jsonl")}, src_lang="en",
@@ -74,6 +76,7 @@ def test_huggingface_translation_column_from_local_json(tmp_path):
 
 
 def test_huggingface_two_columns_from_local_csv(tmp_path):
+    pytest.importorskip("datasets")
     (tmp_path / "v.csv").write_text("de,en\nHallo,Hello\nHund,Dog\n")
     data = DataConfig(hf_dataset="csv", data_files={"val": str(tmp_path / "v.csv")})
     corpus = load_split(data, "val")
@@ -83,13 +86,22 @@ def test_huggingface_two_columns_from_local_csv(tmp_path):
 
 
 def test_falls_back_to_huggingface_when_the_folder_is_missing(tmp_path):
+    pytest.importorskip("datasets")
     (tmp_path / "t.csv").write_text("de,en\nHallo,Hello\n")
     data = DataConfig(path=str(tmp_path / "missing"), hf_dataset="csv", data_files={"train": str(tmp_path / "t.csv")})
     assert load_split(data, "train").tgt == ["Hello"]
 
 
+def test_a_hub_dataset_without_the_datasets_package_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    data = DataConfig(path="../no/such/multi30k", hf_dataset="bentrevett/multi30k")
+    with pytest.raises(DataError, match=r"data.hf_dataset 'bentrevett/multi30k' \(data.path \.\./no/such/multi30k "
+                                        r"does not exist\): loading it needs the datasets package: pip install datasets"):
+        load_split(data, "train")
+
+
 def test_an_unreachable_hub_is_one_clear_error_naming_the_missing_folder(tmp_path, monkeypatch):
-    import datasets
+    datasets = pytest.importorskip("datasets")
 
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'bentrevett/multi30k' on the Hub (LocalEntryNotFoundError)")

@@ -195,6 +195,7 @@ def test_misaligned_files_name_both_counts(corpus, tmp_path, tokenizer):
 
 
 def test_huggingface_source_through_the_cache(tmp_path, tokenizer):
+    pytest.importorskip("datasets")
     rows = [{"translation": {"de": s, "en": t}} for s, t in zip(SRC * 30, TGT * 30)]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -191,8 +191,12 @@ class HuggingFaceSplit(SplitSource):
     """
 
     def __init__(self, split: str, data: DataConfig) -> None:
-        import datasets
-
+        try:
+            import datasets
+        except ImportError as err:  # a dependency, but an install with --no-deps (a GPU image) can lack it
+            missing = "" if data.path is None else f" (data.path {data.path} does not exist)"
+            raise DataError(f"data.hf_dataset {data.hf_dataset!r}{missing}: loading it needs the datasets package: "
+                            f"pip install datasets ({err})") from None
         for library in ("datasets", "huggingface_hub"):  # they print with a handler of their own: not twice
             logging.getLogger(library).propagate = False
         hf_split = data.hf_split_names.get(split, split)
