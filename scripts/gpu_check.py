@@ -96,9 +96,28 @@ QUICK_MODEL = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_
 """--quick: a model and batches small enough for a CPU test; the stages are the same."""
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, their children, ...), read from /proc: also those that left its process
+    group (torchrun starts each worker in a session of its own). Empty where /proc is missing."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # after "pid (name) state"
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
 def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run with output captured as text, in a process group of its own: on timeout (or when this script
-    is interrupted) the whole group is killed, torchrun's workers as well as torchrun, and the exception raised."""
+    is interrupted) the group and every process below it are killed, torchrun's workers (each in a session of its
+    own) as well as torchrun, and the exception raised."""
     timeout = STAGE_TIMEOUT_S[stage]
     if DEADLINE is not None:
         timeout = max(1.0, min(timeout, DEADLINE - time.perf_counter()))
@@ -106,12 +125,17 @@ def _run(command: list[str], stage: str, **kwargs) -> subprocess.CompletedProces
                                start_new_session=True, **kwargs)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException:  # the time limit, or Ctrl-C / SIGTERM to this script: the group would live on
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
+    except BaseException:  # the time limit, or Ctrl-C / SIGTERM to this script: they would live on
+        below = _descendants(process.pid)  # before the kill: orphans no longer point back to it
+        for kill, target in [(os.killpg, process.pid), *((os.kill, pid) for pid in below)]:
+            try:
+                kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:  # a process that escaped both would hold the pipes open: do not wait for it
+            process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
             pass
-        process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 

@@ -4,6 +4,7 @@ one CPU device test in place of the CUDA tests, data, training in two precisions
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,34 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["errors"]["tests"] == figures["errors"]["torchrun"] == "not started: --budget-s 0.001 spent"
     assert figures["train"]["base"] == {"fp32": None, "bf16": None} and figures["tests"] is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_stage_past_its_time_limit_is_stopped_with_processes_in_sessions_of_their_own(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    # A parent that starts a child in a session of its own, as torchrun starts its workers; both hold the pipes.
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+            "time.sleep(120)\n")
+    monkeypatch.setitem(gpu_check.STAGE_TIMEOUT_S, "torchrun", 3)
+    start = time.perf_counter()
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_check._run([sys.executable, "-c", code], "torchrun")
+    assert time.perf_counter() - start < 30  # not the child's 120 s
+    child = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered asynchronously
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)

@@ -96,7 +96,8 @@ def test_a_hub_dataset_without_the_datasets_package_is_one_clear_error(monkeypat
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     data = DataConfig(path="../no/such/multi30k", hf_dataset="bentrevett/multi30k")
     with pytest.raises(DataError, match=r"data.hf_dataset 'bentrevett/multi30k' \(data.path \.\./no/such/multi30k "
-                                        r"does not exist\): loading it needs the datasets package: pip install datasets"):
+                                        r"does not exist\): loading it needs the datasets package: pip install "
+                                        r"datasets"):
         load_split(data, "train")
 
 
