@@ -29,8 +29,11 @@ started). With --budget-s, no stage starts after that many seconds and subproces
    target tokens/s (non-pad), MFU against the measured bf16 rate, peak GPU memory.
 5. decoding: the first `--sentences` training sources (2,000), with the base model trained in stage 4, greedy and
    beam 4 at batch 64 and 256: target tokens/s (the tokens of the outputs, eos included) and sentences/s.
-6. torchrun: `torchrun --standalone --nproc_per_node 1 -m transformer train` for a few updates (nccl on CUDA,
-   gloo on the CPU) on the same data and tokenizer.
+6. train command: the README's one-GPU command, `transformer train --config configs/wmt14_en_de_base.yaml ...
+   --set training.device=cuda`, for a few updates and one validation, then `transformer translate --device cuda`
+   of 8 sentences with the best.pt it wrote.
+7. torchrun: `torchrun --standalone --nproc_per_node 1 -m transformer train` (the README's multi-GPU command with
+   one process) for a few updates (nccl on CUDA, gloo on the CPU) on the same data and tokenizer.
 
 FLOPs per sentence pair (ls source, lt target tokens, eos/bos included; 2 FLOPs per multiply-add; training is
 3 x forward) are `scripts/benchmark_train.py`'s:
@@ -45,7 +48,8 @@ current NVIDIA GPUs; the fp16 rate is printed too).
 Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,fp16}, tests {passed, failed,
 skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision: {tgt_tokens_per_s, s_per_step,
 tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, loss}}}, decode [{search, batch_size, tgt_tokens_per_s,
-sentences_per_s, s}], torchrun {backend, s, steps}, total_s, errors. A figure that could not be measured is null.
+sentences_per_s, s}], train_command {steps, s, translate_s}, torchrun {backend, steps, s}, total_s, errors. A figure
+that could not be measured is null.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ from transformer.training.optim import build_optimizer, learning_rate, set_lr  #
 from transformer.training.trainer import train_step  # noqa: E402
 from transformer.translate import Translator  # noqa: E402
 
-STAGE_TIMEOUT_S = {"tests": 240, "corpus": 300, "prepare": 600, "torchrun": 180}
+STAGE_TIMEOUT_S = {"tests": 240, "corpus": 300, "prepare": 600, "train command": 180, "translate command": 120,
+                   "torchrun": 180}
 """Seconds each subprocess may take before it is stopped (with the processes it started) and its stage recorded as
 failed; less when --budget-s leaves less."""
 
@@ -275,29 +280,56 @@ def measure_decoding(model: Transformer, tokenizer: Tokenizer, config_path: str,
     return rows
 
 
-def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.device) -> dict:
-    run_dir = work / "torchrun"
+def _train_briefly(launcher: list[str], stage: str, config_path: str, sets: list[str], work: Path,
+                   device: torch.device, env: Optional[dict] = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`transformer train` started by `launcher` for a few updates on the prepared data and tokenizer, one validation
+    at the end (which writes best.pt); the run directory is WORK/STAGE (spaces as underscores)."""
+    run_dir = work / stage.replace(" ", "_")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     for model in (work / "prepared").glob("spm*"):
         shutil.copy(model, run_dir / model.name)
     steps = 5
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-               "-m", "transformer", "train", "--config", config_path, "--run-dir", str(run_dir),
+    command = [*launcher, "-m", "transformer", "train", "--config", config_path, "--run-dir", str(run_dir),
                *[f"--set={s}" for s in sets], f"--set=training.device={device.type}",
                f"--set=training.max_steps={steps}", "--set=training.log_every_steps=1",
                f"--set=training.eval_every_steps={steps}", "--set=data.valid_max_sentences=20"]
     start = time.perf_counter()
-    result = _run(command, "torchrun", cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = _run(command, stage, cwd=ROOT, env=env)
     if result.returncode != 0:
-        raise RuntimeError(f"torchrun: {result.stderr.strip().splitlines()[-3:]}")
+        raise RuntimeError(f"{stage}: {result.stderr.strip().splitlines()[-3:]}")
     done = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if json.loads(line)["type"] == "train"]
     if not done or done[-1] != steps:
-        raise RuntimeError(f"torchrun: trained steps {done}, expected up to {steps}")
+        raise RuntimeError(f"{stage}: trained steps {done}, expected up to {steps}")
+    return result, {"steps": done[-1], "s": round(time.perf_counter() - start, 1)}
+
+
+def command_check(config_path: str, sets: list[str], work: Path, device: torch.device) -> dict:
+    """The README's one-GPU command (`transformer train ... --set training.device=cuda`) for a few updates, then
+    `transformer translate --device cuda` with the best.pt it wrote."""
+    _, figures = _train_briefly([sys.executable], "train command", config_path, sets, work, device)
+    with open(work / "corpus" / f"val.{load_config(config_path, sets).data.src_lang}", encoding="utf-8") as f:
+        sentences = [next(f).strip() for _ in range(8)]
+    start = time.perf_counter()
+    result = _run([sys.executable, "-m", "transformer", "translate", "--checkpoint",
+                   str(work / "train_command" / "checkpoints" / "best.pt"), "--device", device.type,
+                   "--beam-size", "4", *sentences], "translate command", cwd=ROOT)
+    if result.returncode != 0:
+        raise RuntimeError(f"transformer translate: {result.stderr.strip().splitlines()[-3:]}")
+    if len(result.stdout.splitlines()) != len(sentences):
+        raise RuntimeError(f"transformer translate: {len(result.stdout.splitlines())} lines for {len(sentences)}")
+    return {**figures, "translate_s": round(time.perf_counter() - start, 1)}
+
+
+def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.device) -> dict:
+    """`torchrun --standalone --nproc_per_node 1 -m transformer train ...` (the README's multi-GPU command with one
+    process) for a few updates: nccl on CUDA, gloo on the CPU."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    result, figures = _train_briefly(launcher, "torchrun", config_path, sets, work, device,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
     backend = re.search(r"process group: rank 0 of 1, backend (\w+)", result.stderr)  # the training log's line
-    return {"backend": backend.group(1) if backend else None, "steps": done[-1],
-            "s": round(time.perf_counter() - start, 1)}
+    return {"backend": backend.group(1) if backend else None, **figures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                                           args.sentences), keep_as("decode"))
     else:
         errors["decode"] = "no trained base model"
+    stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"))
     stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors

@@ -1,5 +1,6 @@
 """`scripts/gpu_check.py --device cpu --quick` runs every stage, so that the GPU check cannot rot between GPU runs:
-one CPU device test in place of the CUDA tests, data, training in two precisions, decoding, torchrun (gloo)."""
+one CPU device test in place of the CUDA tests, data, training in two precisions, decoding, the train and translate
+commands, torchrun (gloo)."""
 
 import json
 import subprocess
@@ -29,7 +30,7 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
     assert json.loads((tmp_path / "work" / "figures.json").read_text()) == figures  # also kept on disk
     so_far = [json.loads(line.split("figures so far: ", 1)[1]) for line in result.stderr.splitlines()
               if "figures so far: " in line]  # after each stage, for a log cut short
-    assert len(so_far) == 7 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
+    assert len(so_far) == 8 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
     assert figures["pairs"] == 3000 and figures["cache_startup_s"] < figures["prepare_s"]
     assert figures["matmul_tflops_fp32"] > 0
     for precision in ("fp32", "bf16"):
@@ -38,6 +39,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
     searches = {(row["search"], row["batch_size"]) for row in figures["decode"]}
     assert searches == {("greedy", 64), ("greedy", 256), ("beam 4", 64), ("beam 4", 256)}
     assert all(row["tgt_tokens_per_s"] > 0 for row in figures["decode"])
+    assert figures["train_command"]["steps"] == 5 and figures["train_command"]["translate_s"] > 0
+    assert (tmp_path / "work" / "train_command" / "checkpoints" / "best.pt").is_file()
     assert figures["torchrun"] == {**figures["torchrun"], "backend": "gloo", "steps": 5}
 
 
@@ -47,7 +50,8 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 1
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert figures["errors"]["tests"] == figures["errors"]["torchrun"] == "not started: --budget-s 0.001 spent"
+    assert (figures["errors"]["tests"] == figures["errors"]["train command"] == figures["errors"]["torchrun"]
+            == "not started: --budget-s 0.001 spent")
     assert figures["train"]["base"] == {"fp32": None, "bf16": None} and figures["tests"] is None
 
 
