@@ -26,7 +26,9 @@ started). With --budget-s, no stage starts after that many seconds and subproces
 4. training: Table 3's base (and big, unless --no-big) from `configs/wmt14_en_de_{base,big}.yaml` on that data,
    `--warmup` then `--steps` timed updates of the real step (`training.trainer.train_step`, the recipe's
    accumulate_steps and batch size, batches in the recipe's order) in bf16 and in fp16 (with the GradScaler):
-   target tokens/s (non-pad), MFU against the measured bf16 rate, peak GPU memory.
+   target tokens/s (non-pad), MFU against the measured bf16 rate, peak GPU memory. Base in bf16 once more with
+   the same tokens per update in one batch (`max_tokens_per_batch` × `accumulate_steps`, no accumulation): key
+   `bf16_one_batch`, what the recipe's small batches cost in kernel launches.
 5. decoding: the first `--sentences` training sources (2,000), with the base model trained in stage 4, greedy and
    beam 4 at batch 64 and 256: target tokens/s (the tokens of the outputs, eos included) and sentences/s.
 6. train command: the README's one-GPU command, `transformer train --config configs/wmt14_en_de_base.yaml ...
@@ -46,10 +48,11 @@ MFU = achieved FLOP/s / the measured bf16 matmul FLOP/s (for fp16 runs as well: 
 current NVIDIA GPUs; the fp16 rate is printed too).
 
 Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,fp16}, tests {passed, failed,
-skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision: {tgt_tokens_per_s, s_per_step,
-tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, loss}}}, decode [{search, batch_size, tgt_tokens_per_s,
-sentences_per_s, s}], train_command {steps, s, translate_s}, torchrun {backend, steps, s}, total_s, errors. A figure
-that could not be measured is null.
+skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision (and base's bf16_one_batch):
+{tgt_tokens_per_s, s_per_step, tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, last_nll_per_token,
+parameters}}}, decode [{search, batch_size, tgt_tokens_per_s, sentences_per_s, s}], train_command {steps, s,
+translate_s}, torchrun {backend, steps, s}, total_s, errors. A figure that could not be measured is null (with
+--device cpu: fp32 and bf16 in place of bf16 and fp16, and fp32_one_batch).
 """
 
 from __future__ import annotations
@@ -216,6 +219,14 @@ def make_data(args: argparse.Namespace, work: Path, sets: list[str]) -> dict:
     prepare_data(load_config(args.config, sets), work / "prepared")
     return {"pairs": args.pairs, "prepare_s": round(prepare_s, 1),
             "cache_startup_s": round(time.perf_counter() - start, 2)}
+
+
+def one_batch_settings(config_path: str, sets: list[str]) -> list[str]:
+    """The recipe's tokens per update in one batch: max_tokens_per_batch × accumulate_steps, accumulate_steps 1
+    (fewer, larger kernels per update; more activation memory)."""
+    config = load_config(config_path, sets)
+    tokens = config.data.max_tokens_per_batch * config.training.accumulate_steps
+    return [f"data.max_tokens_per_batch={tokens}", "training.accumulate_steps=1"]
 
 
 def measure_training(config_path: str, sets: list[str], precision: str, work: Path, device: torch.device,
@@ -412,6 +423,14 @@ def main(argv: list[str] | None = None) -> int:
             if out is not None and name == "base":
                 trained = out[1:]
             del out
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if name == "base":  # the same tokens per update in one batch: what the recipe's accumulation costs
+            precision = precisions[0]
+            one_batch = functools.partial(measure_training, config_path, sets + one_batch_settings(config_path, sets),
+                                          precision, work, device, args, peak)
+            stage(f"train base {precision} one batch", lambda: one_batch()[0],  # noqa: B023 - called at once
+                  functools.partial(figures["train"][name].__setitem__, f"{precision}_one_batch"))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if trained is not None:

@@ -30,12 +30,14 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
     assert json.loads((tmp_path / "work" / "figures.json").read_text()) == figures  # also kept on disk
     so_far = [json.loads(line.split("figures so far: ", 1)[1]) for line in result.stderr.splitlines()
               if "figures so far: " in line]  # after each stage, for a log cut short
-    assert len(so_far) == 8 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
+    assert len(so_far) == 9 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
     assert figures["pairs"] == 3000 and figures["cache_startup_s"] < figures["prepare_s"]
     assert figures["matmul_tflops_fp32"] > 0
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16", "fp32_one_batch"):
         run = figures["train"]["base"][precision]
         assert run["tgt_tokens_per_s"] > 0 and 0 < run["mfu"] < 1 and run["last_nll_per_token"] > 0
+    one_batch, accumulated = figures["train"]["base"]["fp32_one_batch"], figures["train"]["base"]["fp32"]
+    assert one_batch["tgt_tokens_per_step"] == pytest.approx(accumulated["tgt_tokens_per_step"], rel=0.3)
     searches = {(row["search"], row["batch_size"]) for row in figures["decode"]}
     assert searches == {("greedy", 64), ("greedy", 256), ("beam 4", 64), ("beam 4", 256)}
     assert all(row["tgt_tokens_per_s"] > 0 for row in figures["decode"])
@@ -52,7 +54,7 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert (figures["errors"]["tests"] == figures["errors"]["train command"] == figures["errors"]["torchrun"]
             == "not started: --budget-s 0.001 spent")
-    assert figures["train"]["base"] == {"fp32": None, "bf16": None} and figures["tests"] is None
+    assert figures["train"]["base"] == {"fp32": None, "bf16": None, "fp32_one_batch": None} and figures["tests"] is None
 
 
 def _alive(pid: int) -> bool:
