@@ -23,7 +23,7 @@ started). With --budget-s, no stage starts after that many seconds and subproces
 3. data: a WMT14-sized synthetic corpus from `SHARED/scale/make_corpus.py` (`--pairs` pairs of two joined
    Multi30k sentences, about 26 words each), `transformer prepare` on it (tokenizer and token cache), then the
    token cache's start-up time: `prepare_data` again with the cache present.
-4. training: Table 3's base (and big, unless --no-big) from `configs/wmt14_en_de_{base,big}.yaml` on that data,
+4. training: Table 3's base from `configs/wmt14_en_de_base.yaml` on that data,
    `--warmup` then `--steps` timed updates of the real step (`training.trainer.train_step`, the recipe's
    accumulate_steps and batch size, batches in the recipe's order) in bf16 and in fp16 (with the GradScaler):
    target tokens/s (non-pad), MFU against the measured bf16 rate, peak GPU memory. Base in bf16 once more with
@@ -36,6 +36,8 @@ started). With --budget-s, no stage starts after that many seconds and subproces
    of 8 sentences with the best.pt it wrote.
 7. torchrun: `torchrun --standalone --nproc_per_node 1 -m transformer train` (the README's multi-GPU command with
    one process) for a few updates (nccl on CUDA, gloo on the CPU) on the same data and tokenizer.
+8. training of Table 3's big model (`configs/wmt14_en_de_big.yaml`) as in stage 4, unless --no-big or --quick:
+   last, so that a --budget-s that runs out leaves it out first.
 
 FLOPs per sentence pair (ls source, lt target tokens, eos/bos included; 2 FLOPs per multiply-add; training is
 3 x forward) are `scripts/benchmark_train.py`'s:
@@ -409,37 +411,39 @@ def main(argv: list[str] | None = None) -> int:
     stage("data", lambda: make_data(args, work, sets), lambda result: figures.update(result or {}))
     peak = env.get("matmul_tflops_bf16") or env.get("matmul_tflops_fp32")
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
-    models = [("base", args.config)]
-    if not args.no_big and not quick:
-        models.append(("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml")))
-    figures["train"], trained = {}, None
-    for name, config_path in models:
-        figures["train"][name] = {}
+    figures["train"] = {}
+
+    def train_model(name: str, config_path: str) -> Optional[tuple[Transformer, Tokenizer]]:
+        """Its training in each precision; the model and tokenizer of the first run that trained."""
+        runs, trained = figures["train"].setdefault(name, {}), None
         for precision in precisions:
             out = stage(f"train {name} {precision}", functools.partial(
                 measure_training, config_path, sets, precision, work, device, args, peak),
-                functools.partial(lambda runs, key, result: runs.__setitem__(key, result and result[0]),
-                                  figures["train"][name], precision))
-            if out is not None and name == "base":
-                trained = out[1:]
+                functools.partial(lambda key, result: runs.__setitem__(key, result and result[0]), precision))
+            trained = trained or (out and out[1:])
             del out
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        if name == "base":  # the same tokens per update in one batch: what the recipe's accumulation costs
-            precision = precisions[0]
-            one_batch = functools.partial(measure_training, config_path, sets + one_batch_settings(config_path, sets),
-                                          precision, work, device, args, peak)
-            stage(f"train base {precision} one batch", lambda: one_batch()[0],  # noqa: B023 - called at once
-                  functools.partial(figures["train"][name].__setitem__, f"{precision}_one_batch"))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        return trained
+
+    trained = train_model("base", args.config)
+    # The same tokens per update in one batch: what the recipe's accumulation costs.
+    one_batch = functools.partial(measure_training, args.config, sets + one_batch_settings(args.config, sets),
+                                  precisions[0], work, device, args, peak)
+    stage(f"train base {precisions[0]} one batch", lambda: one_batch()[0],
+          functools.partial(figures["train"]["base"].__setitem__, f"{precisions[0]}_one_batch"))
     if trained is not None:
         stage("decode", functools.partial(measure_decoding, *trained, args.config, sets, work / "corpus", device,
                                           args.sentences), keep_as("decode"))
     else:
         errors["decode"] = "no trained base model"
+    del trained
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"))
     stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
+    if not args.no_big and not quick:  # last: a --budget-s that runs out leaves it out first
+        train_model("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml"))
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors
     (work / "figures.json").write_text(json.dumps(figures) + "\n")
