@@ -102,6 +102,9 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
         return grads[0], grads[1], grads[2], None, None, None, None, None, None
 
 
+# torch.compile (training.compile) would recompile the chunk loop for every batch's row count, up to its limit: it
+# compiles the model and leaves this function, a few large matrix products per batch, to run as written.
+@torch.compiler.disable
 def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
                                            pad_id: int, bias: Optional[Tensor] = None,
                                            rows_per_chunk: Optional[int] = None) -> tuple[Tensor, Tensor]:
