@@ -37,7 +37,9 @@ started). With --budget-s, no stage starts after that many seconds and subproces
 7. torchrun: `torchrun --standalone --nproc_per_node 1 -m transformer train` (the README's multi-GPU command with
    one process) for a few updates (nccl on CUDA, gloo on the CPU) on the same data and tokenizer.
 8. training of Table 3's big model (`configs/wmt14_en_de_big.yaml`) as in stage 4, unless --no-big or --quick:
-   last, so that a --budget-s that runs out leaves it out first.
+   late, so that a --budget-s that runs out leaves it out first.
+9. base in bf16 with `training.compile: true` (torch.compile; key `bf16_compiled`): the compilation happens in the
+   untimed updates, so the warm-up must cover the first batch shapes (it recompiles once for dynamic shapes).
 
 FLOPs per sentence pair (ls source, lt target tokens, eos/bos included; 2 FLOPs per multiply-add; training is
 3 x forward) are `scripts/benchmark_train.py`'s:
@@ -50,11 +52,11 @@ MFU = achieved FLOP/s / the measured bf16 matmul FLOP/s (for fp16 runs as well: 
 current NVIDIA GPUs; the fp16 rate is printed too).
 
 Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,fp16}, tests {passed, failed,
-skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision (and base's bf16_one_batch):
+skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision (and base's bf16_one_batch, bf16_compiled):
 {tgt_tokens_per_s, s_per_step, tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, last_nll_per_token,
 parameters}}}, decode [{search, batch_size, tgt_tokens_per_s, sentences_per_s, s}], train_command {steps, s,
 translate_s}, torchrun {backend, steps, s}, total_s, errors. A figure that could not be measured is null (with
---device cpu: fp32 and bf16 in place of bf16 and fp16, and fp32_one_batch).
+--device cpu: fp32 and bf16 in place of bf16 and fp16, and fp32_one_batch, fp32_compiled).
 """
 
 from __future__ import annotations
@@ -239,6 +241,8 @@ def measure_training(config_path: str, sets: list[str], precision: str, work: Pa
     model = Transformer(config.model).to(device)
     optimizer = build_optimizer(model, config.training, device)
     module = LossComputation(model, config.training.label_smoothing).train()
+    if config.training.compile:  # as the trainer does
+        module = torch.compile(module)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     batches = epoch_batches(train, config, epoch=0)
     accumulate = config.training.accumulate_steps
@@ -442,8 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"))
     stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
-    if not args.no_big and not quick:  # last: a --budget-s that runs out leaves it out first
+    if not args.no_big and not quick:  # late: a --budget-s that runs out leaves it out first
         train_model("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml"))
+    # Last: training.compile (its compilation is in the stage's time, not in the timed updates).
+    compiled = functools.partial(measure_training, args.config, sets + ["training.compile=true"], precisions[0],
+                                 work, device, args, peak)
+    stage(f"train base {precisions[0]} compiled", lambda: compiled()[0],
+          functools.partial(figures["train"]["base"].__setitem__, f"{precisions[0]}_compiled"))
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors
     (work / "figures.json").write_text(json.dumps(figures) + "\n")

@@ -30,10 +30,10 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_its_figures(tmp_path):
     assert json.loads((tmp_path / "work" / "figures.json").read_text()) == figures  # also kept on disk
     so_far = [json.loads(line.split("figures so far: ", 1)[1]) for line in result.stderr.splitlines()
               if "figures so far: " in line]  # after each stage, for a log cut short
-    assert len(so_far) == 9 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
+    assert len(so_far) == 10 and so_far[-1] == {k: v for k, v in figures.items() if k != "total_s"}
     assert figures["pairs"] == 3000 and figures["cache_startup_s"] < figures["prepare_s"]
     assert figures["matmul_tflops_fp32"] > 0
-    for precision in ("fp32", "bf16", "fp32_one_batch"):
+    for precision in ("fp32", "bf16", "fp32_one_batch", "fp32_compiled"):
         run = figures["train"]["base"][precision]
         assert run["tgt_tokens_per_s"] > 0 and 0 < run["mfu"] < 1 and run["last_nll_per_token"] > 0
     one_batch, accumulated = figures["train"]["base"]["fp32_one_batch"], figures["train"]["base"]["fp32"]
@@ -54,7 +54,8 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert (figures["errors"]["tests"] == figures["errors"]["train command"] == figures["errors"]["torchrun"]
             == "not started: --budget-s 0.001 spent")
-    assert figures["train"]["base"] == {"fp32": None, "bf16": None, "fp32_one_batch": None} and figures["tests"] is None
+    assert figures["train"]["base"] == {"fp32": None, "bf16": None, "fp32_one_batch": None,
+                                          "fp32_compiled": None} and figures["tests"] is None
 
 
 def _alive(pid: int) -> bool:
