@@ -193,6 +193,25 @@ def test_concurrent_worker_calls_take_turns_with_the_thread_count(trained_run, t
         torch.set_num_threads(threads)
 
 
+def test_more_workers_than_threads_warn_once(trained_run, test_lines, caplog):
+    path = trained_run / "checkpoints" / "best.pt"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fitting = Translator.from_checkpoint(path, workers=2)
+        oversubscribed = Translator.from_checkpoint(path, workers=3)
+        with caplog.at_level(logging.WARNING, logger="transformer.translate"):
+            fitting.translate(test_lines[:8], beam_size=1, batch_size=2)
+            assert not caplog.records
+            for _ in range(2):
+                oversubscribed.translate(test_lines[:8], beam_size=1, batch_size=2)
+        assert [r.getMessage() for r in caplog.records] == [
+            "--workers 3 with 2 CPU threads: each worker gets one thread, so 3 threads share 2; --workers 2 or fewer "
+            "decodes without oversubscription"]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("workers", [0, -1])
 def test_bad_worker_counts_are_refused(trained_run, workers):
     with pytest.raises(ConfigError, match=f"workers={workers}: must be at least 1"):

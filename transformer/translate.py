@@ -94,6 +94,7 @@ class Translator:
             raise OptionError("{compile} decodes with one worker (on every thread), not {workers}", compile=True,
                               workers=workers)
         self.workers = workers
+        self._warned_oversubscribed = False
         self.model = model.to(self.device).eval()
         self.num_parameters = self.model.num_parameters()
         self.decoder = decoder_for(self.model, quantization, compile)
@@ -332,6 +333,11 @@ class Translator:
         if self.workers > 1 and len(chunks) > 1:
             with _THREAD_COUNT_LOCK:  # concurrent multi-worker calls take turns (see the lock's comment)
                 threads = torch.get_num_threads()
+                if self.workers > threads and not self._warned_oversubscribed:
+                    logger.warning("--workers %d with %d CPU threads: each worker gets one thread, so %d threads "
+                                   "share %d; --workers %d or fewer decodes without oversubscription", self.workers,
+                                   threads, self.workers, threads, threads)
+                    self._warned_oversubscribed = True
                 torch.set_num_threads(max(1, threads // self.workers))
                 try:  # longest batches first, each to the next free worker; results come back in batch order
                     with ThreadPoolExecutor(self.workers) as pool:
