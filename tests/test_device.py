@@ -47,6 +47,14 @@ def test_auto_on_a_gpu_takes_bf16_where_it_is_native(capability, expected, monke
     assert precision == expected and f"{capability[0]}.{capability[1]}" in reason
 
 
+@pytest.mark.parametrize("capability, warns", [((7, 0), True), ((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_explicit_bf16_on_a_gpu_is_kept_with_a_warning_where_it_is_emulated(capability, warns, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    precision, reason = resolve_precision("bf16", torch.device("cuda"))
+    assert precision == "bf16" and f"{capability[0]}.{capability[1]}" in reason
+    assert ("would be faster" in reason) == warns
+
+
 def test_auto_measures_this_cpu():
     precision, reason = resolve_precision("auto", torch.device("cpu"))
     assert precision in ("fp32", "bf16") and "bf16 matmul" in reason

@@ -86,7 +86,7 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     `BF16_MIN_SPEEDUP` times faster than fp32 (the measurement stops early where bf16 is emulated and slow).
     An explicit "bf16" on a
     CPU is kept, and measured so that the log can warn when it is slower than fp32 there (a GPU recipe run on such
-    a CPU). Any other name is returned as it is.
+    a CPU); on a GPU without native bf16 it is kept with a reason that says so. Any other name is returned as it is.
 
     Returns:
         (precision, reason): the precision, and a short explanation for the log.
@@ -97,6 +97,12 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
             return name, (f"as configured, but a bf16 matmul runs at {speedup:.2f}x fp32 on this CPU: "
                           "training.precision: auto or fp32 would be faster")
         return name, f"as configured (bf16 matmul {speedup:.2f}x fp32 on this CPU)"
+    if name == "bf16" and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:  # the WMT14 recipes' bf16 on a V100 or T4
+            return name, (f"as configured, but this CUDA device of compute capability {major}.{minor} emulates bf16: "
+                          "training.precision: fp16 (with its gradient scaler) or fp32 would be faster")
+        return name, f"as configured (CUDA device of compute capability {major}.{minor}, native bf16)"
     if name != "auto":
         return name, "as configured"
     if device.type == "cuda":

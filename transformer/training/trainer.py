@@ -308,7 +308,7 @@ def _setup(config: Config, dist: Distributed, device: torch.device) -> torch.dev
 def _resolve_precision(config: Config, state: TrainState, device: torch.device, dist: Distributed) -> Config:
     """The config with `training.precision: auto` replaced by what it means here (measured by rank 0 and shared,
     or taken from the resumed state so that a resumed run computes as before)."""
-    if config.training.precision == "bf16" and device.type == "cpu" and dist.is_main:
+    if config.training.precision == "bf16" and device.type in ("cpu", "cuda") and dist.is_main:
         _, reason = resolve_precision("bf16", device)
         (logger.warning if "faster" in reason else logger.info)("training.precision: bf16 %s", reason)
     if config.training.precision != "auto":
