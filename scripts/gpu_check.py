@@ -7,9 +7,9 @@ Usage (on a machine with a CUDA GPU; no network needed):
     python scripts/gpu_check.py --device cpu --quick        # the same stages in seconds, on a tiny model (CI)
 
 It runs from the repository as it is (the package need not be installed; `pip install --no-deps
---no-build-isolation -e .` installs it with the torch already there). Besides torch it needs sentencepiece,
-sacrebleu, pyyaml, tqdm and numpy, and pytest for the tests stage (wheels brought along install with
-`pip install --no-index --find-links WHEELS pytest`).
+--no-build-isolation -e .` installs it with the torch already there; with a setuptools older than 70.1 that also
+needs the `wheel` package). Besides torch it needs sentencepiece, sacrebleu, pyyaml, tqdm and numpy, and pytest
+for the tests stage (wheels brought along install with `pip install --no-index --find-links WHEELS pytest`).
 
 Stages, in order; each one's failure is recorded under "errors" and the others still run; the exit status is 1
 when any failed. After each stage the figures so far are written to WORK/figures.json and printed on stderr, so
