@@ -3,6 +3,7 @@ one CPU device test in place of the CUDA tests, data, training in two precisions
 commands, torchrun (gloo)."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +57,22 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
             == "not started: --budget-s 0.001 spent")
     assert figures["train"]["base"] == {"fp32": None, "bf16": None, "fp32_one_batch": None,
                                           "fp32_compiled": None} and figures["tests"] is None
+
+
+@pytest.mark.slow
+def test_a_stage_in_this_process_starts_only_with_its_allowance_left(tmp_path):
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    # 200 s: every other quick stage runs (in well under that), the compiled one (allowance 240 s) is not started.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+                             "--budget-s", "200", "--shared", str(MULTI30K.parents[1]), "--work", str(tmp_path / "w")],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert list(figures["errors"]) == ["train base fp32 compiled"], figures["errors"]
+    assert re.fullmatch(r"not started: \d+ s of --budget-s 200 left, it needs about 240 s",
+                        figures["errors"]["train base fp32 compiled"])
+    assert figures["train"]["base"]["fp32_compiled"] is None and figures["torchrun"]["steps"] == 5
+    assert result.returncode == 1
 
 
 def _alive(pid: int) -> bool:
