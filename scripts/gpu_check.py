@@ -3,7 +3,7 @@ models in bf16 and fp16, decoding speed, torchrun with nccl. One JSON line of fi
 
 Usage (on a machine with a CUDA GPU; no network needed):
     python scripts/gpu_check.py [--shared ../shared] [--work /tmp/gpu_check] [--pairs 300000] [--steps 40]
-                                [--budget-s SECONDS]
+                                [--budget-s SECONDS] [--skip tests,one-batch,decode,commands,torchrun,big,compiled]
     python scripts/gpu_check.py --device cpu --quick        # the same stages in seconds, on a tiny model (CI)
 
 It runs from the repository as it is (the package need not be installed; `pip install --no-deps
@@ -56,8 +56,9 @@ Printed keys: device, gpu, gpu_memory_gb, torch, cuda, matmul_tflops_{fp32,bf16,
 skipped, s}, pairs, prepare_s, cache_startup_s, train {model: {precision (and base's bf16_one_batch, bf16_compiled):
 {tgt_tokens_per_s, s_per_step, tgt_tokens_per_step, tflops_per_s, mfu, peak_memory_gb, last_nll_per_token,
 parameters}}}, decode [{search, batch_size, tgt_tokens_per_s, sentences_per_s, s}], train_command {steps, s,
-translate_s}, torchrun {backend, steps, s}, total_s, errors. A figure that could not be measured is null (with
---device cpu: fp32 and bf16 in place of bf16 and fp16, and fp32_one_batch, fp32_compiled).
+translate_s}, torchrun {backend, steps, s}, skipped (the stages --skip left out), total_s, errors. A figure that
+could not be measured is null (with --device cpu: fp32 and bf16 in place of bf16 and fp16, and fp32_one_batch,
+fp32_compiled).
 """
 
 from __future__ import annotations
@@ -357,6 +358,19 @@ def torchrun_check(config_path: str, sets: list[str], work: Path, device: torch.
     return {"backend": backend.group(1) if backend else None, **figures}
 
 
+SKIPPABLE = ("tests", "one-batch", "decode", "commands", "torchrun", "big", "compiled")
+"""The stage groups --skip takes (environment, data and base training always run: the others build on them)."""
+
+
+def stage_group(name: str) -> str:
+    """The --skip group of a stage name ("train big fp16" -> "big")."""
+    if name.startswith("train big"):
+        return "big"
+    if name.endswith(("one batch", "compiled")):
+        return "one-batch" if name.endswith("one batch") else "compiled"
+    return {"train command": "commands"}.get(name, "base" if name.startswith("train base") else name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -368,11 +382,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="timed updates per model and precision (default 40; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed updates first (default 10; --quick 1)")
     parser.add_argument("--sentences", type=int, help="sentences decoded per setting (default 2000; --quick 20)")
-    parser.add_argument("--no-big", action="store_true", help="train only the base model")
+    parser.add_argument("--no-big", action="store_true", help="train only the base model (as --skip big)")
+    parser.add_argument("--skip", default="", help=f"comma-separated stage groups not to run, e.g. to repeat a "
+                        f"failed one quickly: {', '.join(SKIPPABLE)} (listed under 'skipped' in the figures)")
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="seconds for the whole check: later stages are not started once it is spent, and "
                              "subprocesses are stopped at it (default 0: no limit)")
     args = parser.parse_args(argv)
+    args.skip = {group.strip() for group in args.skip.split(",") if group.strip()}
+    if args.skip - set(SKIPPABLE):
+        parser.error(f"--skip: unknown stage group {sorted(args.skip - set(SKIPPABLE))[0]!r}; expected some of "
+                     f"{', '.join(SKIPPABLE)}")
+    if args.no_big:
+        args.skip.add("big")
     quick = args.quick
     args.pairs = args.pairs or (3000 if quick else 300_000)
     args.steps = args.steps or (3 if quick else 40)
@@ -395,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         """Run one stage; `keep` puts its result into the figures, which are then written to figures.json. With
         --budget-s, a stage that runs in this process (and cannot be stopped) starts only with `needs_s` left."""
         stage_start, result = time.perf_counter(), None
+        if stage_group(name) in args.skip:
+            figures.setdefault("skipped", []).append(name)
+            keep(None)
+            return None
         if DEADLINE is not None and stage_start >= DEADLINE:
             errors[name] = f"not started: --budget-s {args.budget_s:g} spent"
         elif DEADLINE is not None and DEADLINE - stage_start < needs_s:
@@ -452,14 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     if trained is not None:
         stage("decode", functools.partial(measure_decoding, *trained, args.config, sets, work / "corpus", device,
                                           args.sentences), keep_as("decode"))
-    else:
+    elif "decode" not in args.skip:
         errors["decode"] = "no trained base model"
     del trained
     if device.type == "cuda":
         torch.cuda.empty_cache()
     stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"))
     stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
-    if not args.no_big and not quick:  # late: a --budget-s that runs out leaves it out first
+    if not quick:  # late: a --budget-s that runs out leaves it out first
         train_model("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml"), IN_PROCESS_ALLOWANCE_S["big"])
     # Last: training.compile (its compilation is in the stage's time, not in the timed updates).
     compiled = functools.partial(measure_training, args.config, sets + ["training.compile=true"], precisions[0],

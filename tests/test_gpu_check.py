@@ -63,16 +63,35 @@ def test_stages_are_not_started_once_the_budget_is_spent(tmp_path):
 def test_a_stage_in_this_process_starts_only_with_its_allowance_left(tmp_path):
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
-    # 200 s: every other quick stage runs (in well under that), the compiled one (allowance 240 s) is not started.
+    # 200 s: the other quick stages run (in well under that), the compiled one (allowance 240 s) is not started.
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
-                             "--budget-s", "200", "--shared", str(MULTI30K.parents[1]), "--work", str(tmp_path / "w")],
+                             "--budget-s", "200", "--skip", "tests,decode,commands,torchrun", "--shared",
+                             str(MULTI30K.parents[1]), "--work", str(tmp_path / "w")],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert list(figures["errors"]) == ["train base fp32 compiled"], figures["errors"]
     assert re.fullmatch(r"not started: \d+ s of --budget-s 200 left, it needs about 240 s",
                         figures["errors"]["train base fp32 compiled"])
-    assert figures["train"]["base"]["fp32_compiled"] is None and figures["torchrun"]["steps"] == 5
+    assert figures["train"]["base"]["fp32_compiled"] is None and figures["train"]["base"]["fp32_one_batch"]
     assert result.returncode == 1
+
+
+def test_skipped_stage_groups_are_not_run_and_are_listed(tmp_path):
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+                             "--skip", "tests,decode,commands,torchrun,compiled", "--shared", str(MULTI30K.parents[1]),
+                             "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["skipped"] == ["tests", "decode", "train command", "torchrun", "train base fp32 compiled"]
+    assert figures["errors"] == {} and figures["tests"] is None and figures["torchrun"] is None
+    assert figures["train"]["base"]["fp32"]["tgt_tokens_per_s"] > 0  # base training always runs
+    assert figures["train"]["base"]["fp32_one_batch"]["tgt_tokens_per_s"] > 0  # not skipped
+    assert figures["train"]["base"]["fp32_compiled"] is None
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--skip", "decode,bigg"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "--skip: unknown stage group 'bigg'" in bad.stderr
 
 
 def _alive(pid: int) -> bool:
