@@ -362,15 +362,6 @@ SKIPPABLE = ("tests", "one-batch", "decode", "commands", "torchrun", "big", "com
 """The stage groups --skip takes (environment, data and base training always run: the others build on them)."""
 
 
-def stage_group(name: str) -> str:
-    """The --skip group of a stage name ("train big fp16" -> "big")."""
-    if name.startswith("train big"):
-        return "big"
-    if name.endswith(("one batch", "compiled")):
-        return "one-batch" if name.endswith("one batch") else "compiled"
-    return {"train command": "commands"}.get(name, "base" if name.startswith("train base") else name)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -413,11 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {}
     errors: dict[str, str] = {}
 
-    def stage(name: str, run, keep, needs_s: float = 0.0):
-        """Run one stage; `keep` puts its result into the figures, which are then written to figures.json. With
-        --budget-s, a stage that runs in this process (and cannot be stopped) starts only with `needs_s` left."""
+    def stage(name: str, run, keep, group: Optional[str] = None, needs_s: float = 0.0):
+        """Run one stage; `keep` puts its result into the figures, which are then written to figures.json. It is
+        skipped when its `group` (default: its name) is in --skip. With --budget-s, a stage that runs in this
+        process (and cannot be stopped) starts only with `needs_s` left."""
         stage_start, result = time.perf_counter(), None
-        if stage_group(name) in args.skip:
+        if (group or name) in args.skip:
             figures.setdefault("skipped", []).append(name)
             keep(None)
             return None
@@ -455,26 +447,30 @@ def main(argv: list[str] | None = None) -> int:
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     figures["train"] = {}
 
-    def train_model(name: str, config_path: str, needs_s: float = 0.0) -> Optional[tuple[Transformer, Tokenizer]]:
+    def train_model(name: str, config_path: str, group: str, needs_s: float = 0.0
+                    ) -> Optional[tuple[Transformer, Tokenizer]]:
         """Its training in each precision; the model and tokenizer of the first run that trained."""
         runs, trained = figures["train"].setdefault(name, {}), None
         for precision in precisions:
             out = stage(f"train {name} {precision}", functools.partial(
                 measure_training, config_path, sets, precision, work, device, args, peak),
                 functools.partial(lambda key, result: runs.__setitem__(key, result and result[0]), precision),
-                needs_s)
+                group, needs_s)
             trained = trained or (out and out[1:])
             del out
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         return trained
 
-    trained = train_model("base", args.config)
+    def train_base_variant(variant: str, changes: list[str], group: str, needs_s: float = 0.0) -> None:
+        """Base in the first precision once more, with `changes`: figures under "{precision}_{variant}"."""
+        run = functools.partial(measure_training, args.config, sets + changes, precisions[0], work, device, args, peak)
+        stage(f"train base {precisions[0]} {variant.replace('_', ' ')}", lambda: run()[0],
+              functools.partial(figures["train"]["base"].__setitem__, f"{precisions[0]}_{variant}"), group, needs_s)
+
+    trained = train_model("base", args.config, "base")
     # The same tokens per update in one batch: what the recipe's accumulation costs.
-    one_batch = functools.partial(measure_training, args.config, sets + one_batch_settings(args.config, sets),
-                                  precisions[0], work, device, args, peak)
-    stage(f"train base {precisions[0]} one batch", lambda: one_batch()[0],
-          functools.partial(figures["train"]["base"].__setitem__, f"{precisions[0]}_one_batch"))
+    train_base_variant("one_batch", one_batch_settings(args.config, sets), "one-batch")
     if trained is not None:
         stage("decode", functools.partial(measure_decoding, *trained, args.config, sets, work / "corpus", device,
                                           args.sentences), keep_as("decode"))
@@ -483,16 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     del trained
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"))
+    stage("train command", lambda: command_check(args.config, sets, work, device), keep_as("train_command"),
+          "commands")
     stage("torchrun", lambda: torchrun_check(args.config, sets, work, device), keep_as("torchrun"))
     if not quick:  # late: a --budget-s that runs out leaves it out first
-        train_model("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml"), IN_PROCESS_ALLOWANCE_S["big"])
+        train_model("big", str(ROOT / "configs" / "wmt14_en_de_big.yaml"), "big", IN_PROCESS_ALLOWANCE_S["big"])
     # Last: training.compile (its compilation is in the stage's time, not in the timed updates).
-    compiled = functools.partial(measure_training, args.config, sets + ["training.compile=true"], precisions[0],
-                                 work, device, args, peak)
-    stage(f"train base {precisions[0]} compiled", lambda: compiled()[0],
-          functools.partial(figures["train"]["base"].__setitem__, f"{precisions[0]}_compiled"),
-          IN_PROCESS_ALLOWANCE_S["compiled"])
+    train_base_variant("compiled", ["training.compile=true"], "compiled", IN_PROCESS_ALLOWANCE_S["compiled"])
     figures["total_s"] = round(time.perf_counter() - begin, 1)
     figures["errors"] = errors
     (work / "figures.json").write_text(json.dumps(figures) + "\n")

@@ -76,6 +76,7 @@ def test_a_stage_in_this_process_starts_only_with_its_allowance_left(tmp_path):
     assert result.returncode == 1
 
 
+@pytest.mark.slow
 def test_skipped_stage_groups_are_not_run_and_are_listed(tmp_path):
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found at {MULTI30K}")

@@ -97,19 +97,17 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
             return name, (f"as configured, but a bf16 matmul runs at {speedup:.2f}x fp32 on this CPU: "
                           "training.precision: auto or fp32 would be faster")
         return name, f"as configured (bf16 matmul {speedup:.2f}x fp32 on this CPU)"
-    if name == "bf16" and device.type == "cuda":
+    if name in ("bf16", "auto") and device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        if major < 8:  # the WMT14 recipes' bf16 on a V100 or T4
-            return name, (f"as configured, but this CUDA device of compute capability {major}.{minor} emulates bf16: "
-                          "training.precision: fp16 (with its gradient scaler) or fp32 would be faster")
-        return name, f"as configured (CUDA device of compute capability {major}.{minor}, native bf16)"
+        native = major >= 8  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
+        where = f"CUDA device of compute capability {major}.{minor}"
+        if name == "bf16":  # e.g. the WMT14 recipes' bf16 on a V100 or T4
+            return name, (f"as configured ({where}, native bf16)" if native else
+                          f"as configured, but this {where} emulates bf16: training.precision: fp16 (with its "
+                          "gradient scaler) or fp32 would be faster")
+        return ("bf16", f"{where} (native bf16)") if native else ("fp32", f"{where} (no native bf16)")
     if name != "auto":
         return name, "as configured"
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        if major >= 8:  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
-            return "bf16", f"CUDA device of compute capability {major}.{minor} (native bf16)"
-        return "fp32", f"CUDA device of compute capability {major}.{minor} (no native bf16)"
     if device.type != "cpu":
         return "fp32", f"{device.type} device"
     speedup = matmul_seconds(torch.float32, device) / matmul_seconds(torch.bfloat16, device)
