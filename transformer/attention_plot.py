@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -53,22 +53,27 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
         A dict with the JSON fields; weights as nested lists of floats.
 
     Raises:
-        AttentionPlotError: the sentence is longer than the model's max_positions (in pieces).
+        AttentionPlotError: the translator's engine has no attention to read (CTranslate2), or the sentence is
+            longer than the model's max_positions (in pieces).
     """
+    model = translator.engine.attention_model
+    if model is None:
+        raise AttentionPlotError(f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
+                                 f"{translator.engine.name} model has no attention to read")
     tokenizer = translator.tokenizer
     src_ids = tokenizer.encode_src([sentence.strip()])[0]
-    limit = translator.model.config.max_positions
+    limit = model.config.max_positions
     if len(src_ids) > limit:
         raise AttentionPlotError(f"the sentence has {len(src_ids)} pieces (eos included); the model reads at most "
                                  f"max_positions={limit}")
     options = options or translator.decoding_options(beam_size=1, n_best=1)
     hyp = translator.decode_ids([src_ids], options)[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
-    device = translator.device
+    device = next(model.parameters()).device
     src = torch.tensor([src_ids], device=device)
     tgt_in = torch.tensor([[BOS_ID] + hyp.tokens], device=device)
     with torch.no_grad():
-        _, weights = translator.model.forward_with_attention(src, tgt_in)
+        _, weights = model.forward_with_attention(src, tgt_in)
     return {
         "translation": text,
         "src_pieces": tokenizer.src_pieces(sentence.strip()),
@@ -132,17 +137,26 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
 
 
 def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optional[int] = None,
-        kind: str = "all", fmt: Optional[str] = None, beam_size: int = 1, device: str = "cpu") -> Path:
+        kind: str = "all", fmt: Optional[str] = None, options: Optional[dict[str, Any]] = None,
+        device: str = "cpu") -> Path:
     """The `transformer attention` command: write a PNG/SVG/PDF (by suffix) or, with fmt="json", JSON.
 
+    Args:
+        options: decoding options of the translation shown (`DecodingConfig` fields; default: greedy).
+
     Raises:
-        AttentionPlotError: an empty sentence, bad kind/layer/head, an unknown image suffix, or matplotlib missing.
+        AttentionPlotError: an empty sentence, bad kind/layer/head, an unknown image suffix, matplotlib missing, or
+            a model without attention to read (a CTranslate2 folder).
         CheckpointError: unreadable checkpoint.
+        ConfigError: a decoding option out of range.
     """
     if not sentence.strip():
         raise AttentionPlotError("the sentence is empty: there is no attention to show")
     translator = Translator.from_checkpoint(checkpoint, device=device)
-    n_heads = translator.model.config.n_heads
+    if translator.engine.attention_model is None:
+        raise AttentionPlotError(f"{checkpoint}: attention needs our own model (a .pt checkpoint or a MarianMT "
+                                 "folder); a CTranslate2 folder has no attention to read")
+    n_heads = translator.engine.attention_model.config.n_heads
     if head is not None and not 0 <= head < n_heads:
         raise AttentionPlotError(f"{{head}}: the model has heads 0..{n_heads - 1}", head=head)
     kinds = KINDS if kind == "all" else (kind,)
@@ -152,7 +166,8 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
     if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttentionPlotError("{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out)
-    data = attention_for(translator, sentence, translator.decoding_options(beam_size=beam_size, n_best=1))
+    data = attention_for(translator, sentence, translator.decoding_options(**{"beam_size": 1, **(options or {}),
+                                                                              "n_best": 1}))
     if fmt == "json":
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(data))

@@ -22,7 +22,6 @@ import torch
 
 from .config import Config, config_from_dict
 from .files import CheckpointError, write_file
-from .hf import is_marian_dir, load_marian
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -57,11 +56,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             project, or holds pickled objects.
     """
     path = Path(path)
-    if path.is_dir():
-        kind = ("a CTranslate2 export (translate, evaluate and serve take it; this needs the .pt checkpoint it was "
-                "exported from)" if (path / "model.bin").is_file() else "a folder")
-        raise CheckpointError(f"{path} is {kind}, not a checkpoint file: give a .pt file such as "
-                              "RUN/checkpoints/best.pt (or a Hugging Face MarianMT folder)")
+    if path.is_dir():  # model folders (CTranslate2, MarianMT) are told apart by `engines.load_model`
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file: give a .pt file such as "
+                              "RUN/checkpoints/best.pt")
     if not path.is_file():
         parts = path.as_posix().split("/")
         if len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists():  # looks like a Hub id
@@ -95,16 +92,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu"
                        ) -> tuple[Config, Transformer, Tokenizer]:
-    """Rebuild what translation needs from one checkpoint: its config, the model (eval mode, on map_location)
-    and the tokenizer. Works for last.pt, best.pt, step_N.pt and averaged checkpoints alike, and for a Hugging Face
-    MarianMT folder (converted by `transformer/hf.py`).
+    """Rebuild what translation needs from one checkpoint file: its config, the model (eval mode, on map_location)
+    and the tokenizer. Works for last.pt, best.pt, step_N.pt and averaged checkpoints alike (model folders:
+    `engines.load_model`).
 
     Raises:
         CheckpointError: the file is missing, corrupt, unsafe, or its weights do not fit its config.
-        ConfigError: a Marian folder whose model ours cannot express (naming the field).
     """
-    if is_marian_dir(path):
-        return load_marian(path, map_location)
     state = load_checkpoint(path, map_location=map_location)
     try:
         config = config_from_dict(state["config"], vocab_sizes=tuple(state["vocab_sizes"]))

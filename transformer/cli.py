@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -24,6 +23,7 @@ from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, count_lines
 from .data.text import close_output, input_chunks, is_streaming, silence_stdout, utf8_stdout, write_and_flush
 from .decoding.alignment import pharaoh
+from .decoding.options import option_fields
 from .device import DeviceError, reuse_freed_memory
 from .tokenizer import TokenizerError
 
@@ -32,28 +32,23 @@ logger = logging.getLogger("transformer")
 USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, DeviceError, AttentionPlotError, ExportError)
 
 
-def _add_decoding_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
+def _add_decoding_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """A flag per field of `DecodingConfig` but those in `exclude` (--beam-size for beam_size, --no-copy-unknown for
+    a switch that is on by default); unset flags are None and take the checkpoint config's values."""
     group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
-    group.add_argument("--beam-size", type=int, help="beam size; 1 is greedy decoding")
-    group.add_argument("--length-penalty", type=float, help="α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
-    if n_best:
-        group.add_argument("--n-best", type=int,
-                           help="print this many hypotheses per input as 'index<TAB>score<TAB>text'")
-    group.add_argument("--min-len", type=int, help="tokens that must come before eos may be produced")
-    group.add_argument("--batch-size", type=int, help="sentences decoded together")
-    group.add_argument("--max-len-a", type=float, help="output length cap: max_len_a * src_len + max_len_b tokens")
-    group.add_argument("--max-len-b", type=int, help="see --max-len-a")
-    group.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no output repeats an N-gram of pieces")
-    group.add_argument("--max-repeat", type=int, metavar="R", help="no output has one piece more than R times in a "
-                       "row (default 3; 0: no limit)")
-    group.add_argument("--sampling", action="store_const", const=True, help="draw each token at random from the "
-                       "model's distribution (beam size 1; with --n-best K: K samples per input)")
-    group.add_argument("--top-k", type=int, help="with --sampling: draw among the K most probable tokens (0: all)")
-    group.add_argument("--top-p", type=float, help="with --sampling: draw from the nucleus of probability P")
-    group.add_argument("--temperature", type=float, help="with --sampling: divide the logits by T (default 1)")
-    group.add_argument("--seed", type=int, help="with --sampling: the random seed (same seed and line, same samples)")
-    group.add_argument("--no-copy-unknown", dest="copy_unknown", action="store_const", const=False, help="feed text "
-                       "the vocabulary lacks (emoji, other scripts) to the model as unk instead of copying it through")
+    for option in option_fields(exclude):
+        flag, text, metavar = "--" + option.name.replace("_", "-"), option.metadata["help"], option.metadata["metavar"]
+        if option.type == "bool" and option.default:
+            group.add_argument(flag.replace("--", "--no-"), dest=option.name, action="store_const", const=False,
+                               help=f"turn off (on by default): {text}")
+        elif option.type == "bool":
+            group.add_argument(flag, action="store_const", const=True, help=text)
+        else:
+            group.add_argument(flag, type={"int": int, "float": float}[option.type], metavar=metavar, help=text)
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     group.add_argument("--quantization", choices=["int8"],
                        help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)")
@@ -110,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--buffer-size", type=int, default=1000, help="lines read, decoded (sorted by length) "
                            "and written at a time (default 1000); typed input is translated line by line")
     _add_decoding_flags(translate)
+    _add_engine_flags(translate)
 
     evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
     evaluate.add_argument("--checkpoint", required=True, action="append", help="as translate's")
@@ -122,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="override the checkpoint's data section for --split, e.g. --set data.path=DIR")
     evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
-    _add_decoding_flags(evaluate, n_best=False)  # BLEU scores the 1-best; n-best lists come from translate
+    _add_decoding_flags(evaluate, exclude=("n_best",))  # BLEU scores the 1-best; n-best lists come from translate
+    _add_engine_flags(evaluate)
 
     export = command("export", help="convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)")
     export.add_argument("--checkpoint", required=True, help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a "
@@ -142,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"],
                            help="encoder-decoder (cross), either self-attention, or all three (default)")
     attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
-    attention.add_argument("--beam-size", type=int, default=1, help="decoding of the translation (default greedy)")
     attention.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    _add_decoding_flags(attention, exclude=("n_best",))  # the translation shown (default: greedy)
 
     plot = command("plot", help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl")
     plot.add_argument("--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs")
@@ -187,14 +184,10 @@ def _version() -> str:
         return "(not installed as a package)"
 
 
-DECODING_FLAGS = ("beam_size", "length_penalty", "batch_size", "max_len_a", "max_len_b", "min_len",
-                  "no_repeat_ngram_size", "max_repeat", "sampling", "top_k", "top_p", "temperature", "seed",
-                  "copy_unknown")
-"""The `decoding` keys that translate and evaluate take as flags (--beam-size, ...); translate also --n-best."""
-
-
 def _decoding_kwargs(args: argparse.Namespace) -> dict:
-    return {key: getattr(args, key) for key in DECODING_FLAGS}
+    """The decoding flags given (None for those not given), n_best aside (translate reads it itself)."""
+    return {option.name: getattr(args, option.name) for option in option_fields(("n_best",))
+            if hasattr(args, option.name)}
 
 
 def _as_typed(err: Exception, command: str) -> str:
@@ -202,9 +195,9 @@ def _as_typed(err: Exception, command: str) -> str:
     translate, evaluate and attention a decoding option (decoding.n_best) as its flag (--n-best)."""
     if isinstance(err, OptionError):
         return err.as_flags()
-    match = re.match(r"decoding\.(\w+):", str(err))
-    if command in ("translate", "evaluate", "attention") and match and match.group(1) in (*DECODING_FLAGS, "n_best"):
-        return f"--{match.group(1).replace('_', '-')}:{str(err)[match.end():]}"
+    key = getattr(err, "key", None) or ""
+    if command in ("translate", "evaluate", "attention") and key.startswith("decoding."):
+        return f"--{key.removeprefix('decoding.').replace('_', '-')}: {err.detail}"
     return str(err)
 
 
@@ -267,19 +260,20 @@ def _note_compile(args: argparse.Namespace) -> None:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
     flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
-    from .ct2 import open_translator
+    from .translate import Translator
 
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
     if (args.output and args.input and Path(args.output).exists() and Path(args.input).exists()
             and Path(args.output).samefile(args.input)):
         raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
-    translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
-                                 workers=args.workers, compile=args.compile)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
+                                            workers=args.workers, compile=args.compile)
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
-    if args.alignment and not hasattr(translator, "align"):
-        raise ConfigError("--alignment reads our model's attention; a CTranslate2 folder has none to read")
+    if args.alignment and translator.engine.attention_model is None:
+        raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none to "
+                          "read")
     _note_compile(args)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -325,13 +319,14 @@ EVALUATE_CHUNK = 2000
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .ct2 import open_translator
     from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, write_results
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
-    translator = open_translator(args.checkpoint, device=args.device, quantization=args.quantization,
-                                 workers=args.workers, compile=args.compile)
+    from .translate import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
+                                            workers=args.workers, compile=args.compile)
     src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
                                                   " ".join(args.checkpoint))
     _note_compile(args)
@@ -356,13 +351,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from .engines import load_model
+
     if args.format == "huggingface" and args.quantization:
         raise ExportError("--quantization applies to --format ctranslate2 only")
+    config, model, tokenizer = load_model(args.checkpoint)
     if args.format == "huggingface":
-        from .checkpoint import load_for_inference
         from .hf import export_huggingface
 
-        config, model, tokenizer = load_for_inference(args.checkpoint)
         out = export_huggingface(config, model, tokenizer, args.output, force=args.force)
         print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer")
         if config.decoding.max_repeat:
@@ -371,7 +367,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     from .ct2 import export_ctranslate2
 
-    out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization, force=args.force)
+    out = export_ctranslate2(config, model, tokenizer, args.output, quantization=args.quantization, force=args.force,
+                             origin=str(args.checkpoint))
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as "
           f"`transformer translate --checkpoint {out}` or with ctranslate2.Translator")
     return 0
@@ -380,8 +377,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_plot import run
 
+    options = {"beam_size": 1, **{k: v for k, v in _decoding_kwargs(args).items() if v is not None}}  # greedy unless
     out = run(args.checkpoint, args.sentence, args.out, layer=args.layer, head=args.head, kind=args.kind,
-              fmt=args.format, beam_size=args.beam_size, device=args.device)
+              fmt=args.format, options=options, device=args.device)
     print(f"wrote {out}")
     return 0
 

@@ -21,7 +21,17 @@ from typing import Any, Optional
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
+    """A configuration value is missing, unknown, of the wrong type or out of range.
+
+    Args:
+        message: the whole message, as printed (it names the key).
+        key: the key path at fault (e.g. "decoding.n_best"), where one is; None otherwise.
+        detail: the message without the key, where `key` is given.
+    """
+
+    def __init__(self, message: str, key: Optional[str] = None, detail: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.key, self.detail = key, detail if detail is not None else message
 
 
 class OptionError(ConfigError):
@@ -51,7 +61,7 @@ class OptionError(ConfigError):
 
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
-        raise ConfigError(f"{key}: {message}")
+        raise ConfigError(f"{key}: {message}", key=key, detail=message)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -321,42 +331,51 @@ class TrainingConfig:
                  f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
 
 
+def _option(default: Any, help: str, metavar: Optional[str] = None) -> Any:
+    """A decoding option: its default and the one-line help that the command line's flag and the server's request
+    field show (`decoding/options.py` builds both from the fields)."""
+    return field(default=default, metadata={"help": help, "metavar": metavar})
+
+
 @dataclass(frozen=True)
 class DecodingConfig:
-    """Defaults for translate and evaluate (beam search: Vaswani et al. 2017, §6.1)."""
+    """Defaults for translate and evaluate (beam search: Vaswani et al. 2017, §6.1), and the options of one decoding
+    call: every field is a `transformer translate` flag (--beam-size, ...), a field of a server request and a keyword
+    of `Translator.translate` (the exceptions: `decoding/options.py`)."""
 
-    beam_size: int = 4
-    """1 is greedy decoding."""
-    length_penalty: float = 0.6
+    beam_size: int = _option(4, "beam size; 1 is greedy decoding")
+    length_penalty: float = _option(0.6, "α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
     """α of the GNMT length penalty ((5 + |Y|) / 6)^α (0 disables it)."""
-    n_best: int = 1
-    max_len_a: float = 1.5
+    n_best: int = _option(1, "hypotheses per input, best first, with their scores (with sampling: independent "
+                          "samples); translate prints them as 'index<TAB>score<TAB>text'")
+    max_len_a: float = _option(1.5, "output length cap: max_len_a * src_len + max_len_b tokens")
     """Output length cap, in tokens: max_len_a * src_len + max_len_b."""
-    max_len_b: int = 10
-    min_len: int = 0
+    max_len_b: int = _option(10, "see max_len_a")
+    min_len: int = _option(0, "tokens that must come before eos may be produced")
     """Minimum output length in tokens (eos excluded)."""
-    batch_size: int = 64
-    """Sentences decoded together."""
-    max_tokens_per_batch: int = 0
+    batch_size: int = _option(64, "sentences decoded together")
+    max_tokens_per_batch: int = _option(0, "if > 0, batches also hold at most this many padded source tokens")
     """If > 0, batches are cut by this many padded source tokens instead (batch_size still caps sentences)."""
-    no_repeat_ngram_size: int = 0
+    no_repeat_ngram_size: int = _option(0, "no output repeats an N-gram of pieces (0: off)", "N")
     """If N > 0, no output repeats an n-gram of N pieces (greedy, beam search and sampling; eos is never blocked)."""
-    max_repeat: int = 3
+    max_repeat: int = _option(3, "no output has one piece more than R times in a row (default 3; 0: no limit)", "R")
     """If R > 0, no output has one piece more than R times in a row (greedy, beam search and sampling): it stops the
     loops of one subword ("Marininininin") a model can fall into on a word it barely knows. 0: no limit."""
-    sampling: bool = False
+    sampling: bool = _option(False, "draw each token at random from the model's distribution (beam size 1; with "
+                             "n_best K: K samples per input)")
     """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
     of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
-    top_k: int = 0
+    top_k: int = _option(0, "with sampling: draw among the K most probable tokens (0: all)", "K")
     """With sampling: draw among the k most probable tokens only (0: all)."""
-    top_p: float = 1.0
+    top_p: float = _option(1.0, "with sampling: draw from the nucleus of probability P", "P")
     """With sampling: draw among the fewest most probable tokens whose probabilities sum to at least p (nucleus)."""
-    temperature: float = 1.0
+    temperature: float = _option(1.0, "with sampling: divide the logits by T (default 1)", "T")
     """With sampling: divide the logits by this (< 1 sharper, > 1 flatter; towards 0 it becomes greedy)."""
-    seed: int = 0
+    seed: int = _option(0, "with sampling: the random seed (same seed and line, same samples)")
     """With sampling: the random stream of a sentence depends on this, its source tokens and the sample's number
     only, so an input gets the same samples whatever else is decoded with it."""
-    copy_unknown: bool = True
+    copy_unknown: bool = _option(True, "copy text the vocabulary lacks (emoji, other scripts) through untranslated; "
+                                 "off: the model sees it as unk")
     """Text the source vocabulary cannot represent (emoji, symbols, other scripts) is taken out before translating and
     put back, unchanged, into the translation (`transformer/passthrough.py`); false: it reaches the model as unk."""
 

@@ -13,7 +13,8 @@ All sentences of a batch are searched together as `batch x beam_size` rows. One 
 Score (reported and compared): the sum of the token log-probabilities (eos included when finished),
 divided by the GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14), where |Y| counts
 the generated tokens, eos included. α = 0 gives the plain sum. Length cap: `greedy.max_output_lengths`,
-counted in decoding steps (eos included), the same as greedy decoding.
+counted in decoding steps (eos included), and the rules on the next token (`rules.NextTokenRules`) are those of
+greedy decoding and sampling.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..config import BOS_ID, EOS_ID, PAD_ID
+from ..config import BOS_ID, EOS_ID, DecodingConfig
 from ..fast.reductions import row_topk
-from .greedy import Hypothesis, max_output_lengths
+from .hypothesis import Hypothesis
 from .interface import IncrementalCache, IncrementalDecoder
-from .ngram import block_long_runs_, block_repeated_ngrams_, force_prefix_
+from .rules import NextTokenRules, max_output_lengths
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -53,13 +54,13 @@ class BeamSearchState:
     Attributes:
         alive: input positions of those sentences, `n_alive` of them.
         scores: `(n_alive, beam_size)` total log-probability of each live hypothesis.
-        prefixes: `(n_alive * beam_size, step + 1)` token ids, bos first.
+        tokens: `(n_alive * beam_size, step + 1)` the token ids of each live hypothesis, bos first.
         cache: the decoder's cache, `n_alive * beam_size` rows (the beams of a sentence consecutive).
     """
 
     alive: list[int]
     scores: Tensor
-    prefixes: Tensor
+    tokens: Tensor
     cache: IncrementalCache
 
 
@@ -71,13 +72,12 @@ def initialise(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Ten
     memory = model.encode(src, src_key_padding_mask)  # (n, src_len, d_model)
     scores = torch.full((n, beam_size), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
-    prefixes = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
-    return BeamSearchState(list(range(n)), scores, prefixes, model.new_cache(memory, src_key_padding_mask, beam_size))
+    tokens = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
+    return BeamSearchState(list(range(n)), scores, tokens, model.new_cache(memory, src_key_padding_mask, beam_size))
 
 
-def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len: int,
-           no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None,
-           max_repeat: int = 0) -> tuple[Tensor, Tensor]:
+def expand(model: IncrementalDecoder, state: BeamSearchState, step: int,
+           rules: NextTokenRules) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
     Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
@@ -86,25 +86,12 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int, min_len
 
     Returns:
         scores and tokens, each `(n_alive, beam_size, k)` with k = min(2·beam_size, vocab): total
-        log-probabilities of the candidates; pad and bos are never produced, eos not before min_len, and no token
-        that would repeat an n-gram of no_repeat_ngram_size tokens of its hypothesis or make a run of one token
-        longer than max_repeat (`decoding/ngram.py`); inside
-        a sentence's forced prefix (`prefixes`, per input sentence), only the prefix's token.
+        log-probabilities of the candidates, only of tokens that `rules` allows.
     """
-    logits = model.decode_step(state.prefixes[:, -1], state.cache)
+    logits = model.decode_step(state.tokens[:, -1], state.cache)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n_alive * beam_size, vocab)
-    model_lprobs = lprobs.clone() if prefixes is not None else lprobs
-    lprobs[:, PAD_ID] = float("-inf")
-    lprobs[:, BOS_ID] = float("-inf")
-    if step < min_len:
-        lprobs[:, EOS_ID] = float("-inf")
-    if no_repeat_ngram_size:
-        block_repeated_ngrams_(lprobs, state.prefixes[:, 1:].tolist(), no_repeat_ngram_size)
-    block_long_runs_(lprobs, state.prefixes[:, 1:], max_repeat)
     n_alive, beam_size = state.scores.shape
-    if prefixes is not None:
-        rows = [prefixes[i] for i in state.alive for _ in range(beam_size)]
-        force_prefix_(lprobs, model_lprobs, rows, step)
+    rules.apply_(lprobs, state.tokens[:, 1:], [i for i in state.alive for _ in range(beam_size)], step)
     best_lprobs, best_tokens = row_topk(lprobs, min(2 * beam_size, lprobs.size(-1)))  # (rows, k)
     return (state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
             best_tokens.view(n_alive, beam_size, -1))
@@ -131,7 +118,7 @@ def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_sc
 
     Returns:
         next_scores, next_rows and next_tokens, each `(n_alive, beam_size)`: for each next live hypothesis,
-        its score, the row of `state.prefixes` it extends, and the token it adds.
+        its score, the row of `state.tokens` it extends, and the token it adds.
     """
     n_alive, beam_size = state.scores.shape
     is_eos = top_tokens.eq(EOS_ID) | top_scores.isneginf()
@@ -147,7 +134,7 @@ def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_sc
         scores_list, beams_list = top_scores.tolist(), top_beams.tolist()
         for i, j in eos_hits:
             sentence = sentences[state.alive[i]]
-            tokens = state.prefixes[i * beam_size + beams_list[i][j], 1:].tolist()
+            tokens = state.tokens[i * beam_size + beams_list[i][j], 1:].tolist()
             raw = scores_list[i][j]
             sentence.finished.append(Hypothesis(tokens, raw / gnmt_length_penalty(step + 1, alpha), True))
     for i, index in enumerate(state.alive):
@@ -158,7 +145,7 @@ def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_sc
             rows, scores, tokens = next_rows[i].tolist(), next_scores[i].tolist(), next_tokens[i].tolist()
             for row, raw, token in zip(rows, scores, tokens):
                 if raw != float("-inf"):
-                    seq = state.prefixes[row, 1:].tolist() + [token]
+                    seq = state.tokens[row, 1:].tolist() + [token]
                     sentence.unfinished.append(Hypothesis(seq, raw / gnmt_length_penalty(step + 1, alpha), False))
             sentence.is_done = True
     return next_scores, next_rows, next_tokens
@@ -166,19 +153,20 @@ def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_sc
 
 def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Tensor, next_rows: Tensor,
             next_tokens: Tensor) -> BeamSearchState:
-    """Reorder prefixes and cache to the next live hypotheses, and drop the sentences that are done."""
+    """Reorder the hypotheses' tokens and the cache to the next live hypotheses, and drop the sentences that are
+    done."""
     beam_size = next_scores.size(1)
     rows = next_rows.view(-1)
-    prefixes = torch.cat([state.prefixes.index_select(0, rows), next_tokens.view(-1, 1)], dim=1)
+    tokens = torch.cat([state.tokens.index_select(0, rows), next_tokens.view(-1, 1)], dim=1)
     state.cache.select(rows)  # beams move within their sentence
     keep = [i for i, index in enumerate(state.alive) if not sentences[index].is_done]
-    state = BeamSearchState(state.alive, next_scores, prefixes, state.cache)
+    state = BeamSearchState(state.alive, next_scores, tokens, state.cache)
     if len(keep) < len(state.alive):
-        keep_t = torch.tensor(keep, dtype=torch.long, device=prefixes.device)
-        row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=prefixes.device)).view(-1)
+        keep_t = torch.tensor(keep, dtype=torch.long, device=tokens.device)
+        row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=tokens.device)).view(-1)
         state.cache.select(row_index, keep_t)
         state = BeamSearchState([state.alive[i] for i in keep], next_scores.index_select(0, keep_t),
-                                prefixes.index_select(0, row_index), state.cache)
+                                tokens.index_select(0, row_index), state.cache)
     return state
 
 
@@ -197,43 +185,32 @@ def pick_n_best(sentence: _Sentence, n_best: int) -> list[Hypothesis]:
 
 
 @torch.no_grad()
-def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, beam_size: int = 4,
-                length_penalty: float = 0.6, n_best: int = 1, max_len_a: float = 1.5, max_len_b: int = 10,
-                min_len: int = 0, no_repeat_ngram_size: int = 0,
-                prefixes: Optional[list[Optional[list[int]]]] = None, max_repeat: int = 0) -> list[list[Hypothesis]]:
+def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
+                prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
     Args:
         model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
         src: `(batch, src_len)` LongTensor padded with pad_id.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
-        beam_size: live hypotheses per sentence.
-        length_penalty: α of the GNMT length penalty (0 disables it).
-        n_best: hypotheses returned per sentence (<= beam_size).
-        max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths` (the same for both).
-        min_len: eos is not allowed before this many tokens.
-        no_repeat_ngram_size: if N > 0, no hypothesis repeats an N-gram (eos is never blocked).
-        max_repeat: if R > 0, no hypothesis has one token more than R times in a row (eos is never blocked).
+        options: beam_size (live hypotheses per sentence), length_penalty (α of the GNMT length penalty, 0
+            disables it), n_best (hypotheses returned per sentence, <= beam_size), the length cap (max_len_a,
+            max_len_b: `rules.max_output_lengths`) and the rules' options (`rules.NextTokenRules`).
         prefixes: per sentence, target tokens every hypothesis must start with (None: free).
 
     Returns:
         Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
         cap, only when fewer than n_best hypotheses finished).
-
-    Raises:
-        ValueError: if n_best > beam_size or beam_size < 1.
     """
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise ValueError(f"need 1 <= n_best ({n_best}) <= beam_size ({beam_size})")
-    max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
+    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions)
+    rules = NextTokenRules(options, prefixes)
     sentences = [_Sentence(m) for m in max_lengths]
-    state = initialise(model, src, src_key_padding_mask, beam_size)
+    state = initialise(model, src, src_key_padding_mask, options.beam_size)
     for step in range(max(max_lengths)):
-        candidate_scores, candidate_tokens = expand(model, state, step, min_len, no_repeat_ngram_size, prefixes,
-                                                    max_repeat)
-        top = select_top_k(candidate_scores, candidate_tokens, beam_size)
-        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, length_penalty)
+        candidate_scores, candidate_tokens = expand(model, state, step, rules)
+        top = select_top_k(candidate_scores, candidate_tokens, options.beam_size)
+        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, options.length_penalty)
         state = advance(state, sentences, next_scores, next_rows, next_tokens)
         if not state.alive:
             break
-    return [pick_n_best(s, n_best) for s in sentences]
+    return [pick_n_best(s, options.n_best) for s in sentences]

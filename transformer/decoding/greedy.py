@@ -1,61 +1,21 @@
 """Batched greedy decoding on the key/value cache: each sentence stops at its own eos.
 
-The output length cap is defined once, by `max_output_lengths` below, and used by greedy and beam search alike.
+The output length cap (`rules.max_output_lengths`) and the rules on the next token (`rules.NextTokenRules`) are
+those of beam search and sampling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..config import BOS_ID, EOS_ID, PAD_ID
+from ..config import BOS_ID, EOS_ID, DecodingConfig
 from ..fast.reductions import row_argmax
+from .hypothesis import Hypothesis
 from .interface import IncrementalCache, IncrementalDecoder
-from .ngram import block_long_runs_, block_repeated_ngrams_, force_prefix_
-
-
-@dataclass
-class Hypothesis:
-    """One output sequence.
-
-    Attributes:
-        tokens: target ids without bos and eos.
-        score: sum of the token log-probabilities (eos included when finished), divided by the length
-            penalty in beam search (see `decoding/beam.py`); NaN from greedy decoding with `scores=False`.
-        finished: True if the sequence ended with eos; False if it was cut at the length cap.
-    """
-
-    tokens: list[int]
-    score: float
-    finished: bool
-
-
-def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positions: int) -> int:
-    """The output length cap of one sentence of src_len source tokens (eos included), in decoding steps; see
-    `max_output_lengths`."""
-    return max(1, min(max_positions - 1, int(max_len_a * src_len + max_len_b)))
-
-
-def max_output_lengths(src_key_padding_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
-    """The output length cap of each sentence, in decoding steps (output tokens, eos counted).
-
-    For a sentence of src_len source tokens (eos included), max_len = floor(max_len_a * src_len + max_len_b),
-    clipped to [1, max_positions - 1]. Greedy and beam search run at most max_len steps for it: a hypothesis that
-    ends with eos within them has at most max_len - 1 tokens before its eos (`Hypothesis.finished` True); one that
-    has produced max_len tokens without eos is cut there (`finished` False, and `Translator.stats.n_hit_max_len`
-    counts it).
-
-    Args:
-        src_key_padding_mask: `(batch, src_len)` bool, True at padding.
-
-    Returns:
-        max_len per sentence (steps).
-    """
-    src_lengths = (~src_key_padding_mask).sum(1).tolist()
-    return [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lengths]
+from .rules import NextTokenRules, max_output_lengths
 
 
 def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], finished: list[bool],
@@ -87,12 +47,10 @@ def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], 
 
 
 @torch.no_grad()
-def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0, scores: bool = True, no_repeat_ngram_size: int = 0,
-                  prefixes: Optional[list[Optional[list[int]]]] = None, max_repeat: int = 0) -> list[Hypothesis]:
-    """Pick the most probable next token until eos or the length cap, for a batch of sentences; pad and bos are
-    never picked, eos not before min_len tokens, no n-gram of no_repeat_ngram_size tokens twice, and no token more
-    than max_repeat times in a row.
+def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
+                  prefixes: Optional[list[Optional[list[int]]]] = None, scores: bool = True) -> list[Hypothesis]:
+    """Pick the most probable next token allowed by `NextTokenRules` until eos or the length cap, for a batch of
+    sentences.
 
     Finished sentences leave the batch, so the work per step shrinks as sentences end, and the loop
     stops as soon as the last one has ended.
@@ -101,11 +59,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
         src: `(batch, src_len)` LongTensor, padded with pad_id.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
-        max_len_a, max_len_b: output length cap, see `max_output_lengths`.
-        min_len: eos is not allowed before this many tokens.
-        no_repeat_ngram_size: if N > 0, a token that would repeat an N-gram of the output is not picked
-            (`decoding/ngram.py`; eos always can be).
-        max_repeat: if R > 0, a token that the output's last R tokens all are is not picked (`decoding/ngram.py`).
+        options: the length cap (max_len_a, max_len_b: `rules.max_output_lengths`) and the rules' options (min_len,
+            no_repeat_ngram_size, max_repeat); beam_size and the sampling options are not read.
         prefixes: per sentence, target tokens that the output must start with (None: free), produced with the
             model's scores before free decoding goes on.
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
@@ -117,7 +72,8 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     """
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
-    max_lengths = max_output_lengths(src_key_padding_mask, max_len_a, max_len_b, model.config.max_positions)
+    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions)
+    rules = NextTokenRules(options, prefixes)
     cache = model.new_cache(memory, src_key_padding_mask)
     last = torch.full((n,), BOS_ID, dtype=torch.long, device=src.device)  # (alive,): each row's last token
     alive = list(range(n))  # input positions of the rows still decoding
@@ -128,17 +84,7 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         # log-probabilities, or the logits themselves when no scores are asked for (the argmax is the same before
         # and after the log-softmax)
         candidates = torch.log_softmax(logits.float(), dim=-1) if scores else logits
-        model_candidates = candidates.clone() if prefixes is not None else candidates
-        candidates[:, PAD_ID] = float("-inf")  # never produced, as in beam search (so beam 1 equals greedy)
-        candidates[:, BOS_ID] = float("-inf")
-        if step < min_len:
-            candidates[:, EOS_ID] = float("-inf")
-        if no_repeat_ngram_size:
-            block_repeated_ngrams_(candidates, [outputs[i] for i in alive], no_repeat_ngram_size)
-        if max_repeat:
-            block_long_runs_(candidates, [outputs[i] for i in alive], max_repeat)
-        if prefixes is not None:
-            force_prefix_(candidates, model_candidates, [prefixes[i] for i in alive], step)
+        rules.apply_(candidates, [outputs[i] for i in alive], alive, step)
         best = row_argmax(candidates)  # (alive,)
         if scores:
             best_lprobs = candidates.gather(1, best[:, None])[:, 0]

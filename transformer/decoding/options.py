@@ -1,6 +1,19 @@
 """The options of one decoding call: overrides of a checkpoint's `decoding` section validated
 (`decoding_options`), and how an n-best list is taken from a search's hypotheses (`n_best_search`,
-`distinct_first`), shared by our `Translator` and the CTranslate2 one so that both answer alike."""
+`distinct_first`), for every engine alike.
+
+Options are declared once, as the fields of `DecodingConfig` (with their one-line help). From them come the
+command line's decoding flags (`cli.py`: `--beam-size`, ...), the server's request fields (`serve/app.py`) and the
+keywords of `Translator.translate`; `tests/test_decoding_options.py` holds all three to the fields. The exceptions:
+
+- `transformer translate` takes every option; `evaluate` and `attention` all but n_best (they score or draw the
+  best translation);
+- a server request takes every option but batch_size and max_tokens_per_batch (`SERVER_BATCHING`): the server
+  batches concurrent requests together, by its own `--max-batch-sentences`.
+
+Adding an option is: the field (with its default and help), its rule where the searches read it
+(`decoding/rules.py` for a rule on the next token), its tests, and its line in docs/decoding.md.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +24,15 @@ from typing import Optional
 from ..config import ConfigError, DecodingConfig, OptionError
 
 logger = logging.getLogger(__name__)
+
+
+SERVER_BATCHING = ("batch_size", "max_tokens_per_batch")
+"""The options a server request may not set: how requests are batched is the server's."""
+
+
+def option_fields(exclude: tuple[str, ...] = ()) -> list[dataclasses.Field]:
+    """The fields of `DecodingConfig` (each an option), in declaration order, but those named in `exclude`."""
+    return [f for f in dataclasses.fields(DecodingConfig) if f.name not in exclude]
 
 
 def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
@@ -64,8 +86,9 @@ def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> Deco
         raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
     ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
     if ignored and not values.get("sampling", base.sampling):
-        raise ConfigError(f"decoding.{ignored[0]}: used only when sampling (--sampling; sampling: true in a "
-                          "config or request): add it, or leave this option out")
+        detail = ("used only when sampling (--sampling; sampling: true in a config or request): add it, or leave "
+                  "this option out")
+        raise ConfigError(f"decoding.{ignored[0]}: {detail}", key=f"decoding.{ignored[0]}", detail=detail)
     if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
         values["beam_size"] = 1
     if "beam_size" in values and "n_best" not in values:

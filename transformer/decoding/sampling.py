@@ -16,10 +16,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..config import BOS_ID, EOS_ID, PAD_ID
-from .greedy import Hypothesis, keep_unfinished, max_output_lengths
+from ..config import BOS_ID, DecodingConfig
+from .greedy import keep_unfinished
+from .hypothesis import Hypothesis
 from .interface import IncrementalDecoder
-from .ngram import block_long_runs_, block_repeated_ngrams_
+from .rules import NextTokenRules, max_output_lengths
 
 
 def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0) -> Tensor:
@@ -59,37 +60,33 @@ def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, n_samples: int = 1,
-                  top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0,
-                  max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
-                  no_repeat_ngram_size: int = 0, prefixes: Optional[list[Optional[list[int]]]] = None,
-                  max_repeat: int = 0) -> list[list[Hypothesis]]:
-    """Draw n_samples outputs per sentence (see the module docstring); pad and bos are never drawn, eos not before
-    min_len tokens, no token that would repeat an n-gram of no_repeat_ngram_size tokens, and no token more than
-    max_repeat times in a row.
+def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
+                  prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
+    """Draw options.n_best outputs per sentence (see the module docstring), each token among those that
+    `rules.NextTokenRules` allows.
 
     Args:
         model: the Transformer in eval mode, or a decoder of `transformer/fast/`.
         src: `(batch, src_len)` LongTensor, padded with pad_id; src_key_padding_mask: True at padding.
-        n_samples: independent samples per sentence.
-        top_k, top_p, temperature: see `sampling_distribution`.
-        seed: with the source tokens and the sample's number, fixes each sample's random stream.
+        options: n_best (independent samples per sentence), top_k, top_p, temperature (`sampling_distribution`),
+            seed (with the source tokens and the sample's number, it fixes each sample's random stream), the length
+            cap (max_len_a, max_len_b: `rules.max_output_lengths`) and the rules' options.
         prefixes: per sentence, target tokens every sample starts with (None: free; no draw is spent on them).
-        max_len_a, max_len_b: output length cap, see `greedy.max_output_lengths`.
 
     Returns:
-        Per sentence, n_samples hypotheses in the order drawn; each score is the sum of the model's own
+        Per sentence, n_best hypotheses in the order drawn; each score is the sum of the model's own
         log-probabilities (temperature 1, unfiltered, as greedy decoding's) of the drawn tokens, eos included when
         it ended.
     """
+    n_samples = options.n_best
     lengths = (~src_key_padding_mask).sum(1).tolist()
-    streams = [random.Random(f"{seed}:{k}:{' '.join(map(str, row[:n].tolist()))}")
+    streams = [random.Random(f"{options.seed}:{k}:{' '.join(map(str, row[:n].tolist()))}")
                for row, n in zip(src, lengths) for k in range(n_samples)]
     src = src.repeat_interleave(n_samples, dim=0)  # (batch * n_samples, src_len): one row per sample
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
-    row_prefixes = [p for p in (prefixes or [None] * len(lengths)) for _ in range(n_samples)]
-    max_lengths = max_output_lengths(mask, max_len_a, max_len_b, model.config.max_positions)
+    rules = NextTokenRules(options, prefixes)
+    max_lengths = max_output_lengths(mask, options, model.config.max_positions)
     cache = model.new_cache(model.encode(src, mask), mask)
     last = torch.full((rows,), BOS_ID, dtype=torch.long, device=src.device)
     alive = list(range(rows))
@@ -98,23 +95,13 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     for step in range(max(max_lengths)):
         logits = model.decode_step(last, cache).float()  # (alive, vocab)
         model_lprobs = torch.log_softmax(logits, dim=-1)  # the score: the model's own distribution
-        logits[:, PAD_ID] = float("-inf")
-        logits[:, BOS_ID] = float("-inf")
-        if step < min_len:
-            logits[:, EOS_ID] = float("-inf")
-        if no_repeat_ngram_size:
-            block_repeated_ngrams_(logits, [outputs[i] for i in alive], no_repeat_ngram_size)
-        if max_repeat:
-            block_long_runs_(logits, [outputs[i] for i in alive], max_repeat)
-        probs = sampling_distribution(logits, top_k, top_p, temperature)
-        forced = [row_prefixes[i][step] if row_prefixes[i] is not None and step < len(row_prefixes[i]) else -1
-                  for i in alive]
-        uniforms = torch.tensor([streams[i].random() if f < 0 else 0.0 for i, f in zip(alive, forced)],
-                                dtype=torch.float64)
+        sentences = [i // n_samples for i in alive]
+        rules.apply_(logits, [outputs[i] for i in alive], sentences, step)
+        probs = sampling_distribution(logits, options.top_k, options.top_p, options.temperature)
+        # a forced token is the only one left in its row: drawn with 0, it spends nothing of the row's stream
+        uniforms = torch.tensor([streams[i].random() if rules.forced_token(s, step) < 0 else 0.0
+                                 for i, s in zip(alive, sentences)], dtype=torch.float64)
         tokens = draw(probs, uniforms.to(probs.device))
-        if max(forced) >= 0:
-            forced_t = torch.tensor(forced, device=tokens.device)
-            tokens = torch.where(forced_t >= 0, forced_t, tokens)
         for i, lprob in zip(alive, model_lprobs.gather(1, tokens[:, None])[:, 0].tolist()):
             totals[i] += lprob
         alive, last = keep_unfinished(tokens, alive, outputs, finished, max_lengths, cache)

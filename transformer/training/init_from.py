@@ -25,8 +25,9 @@ from typing import Any, Optional
 
 import torch
 
-from ..checkpoint import load_checkpoint, load_for_inference
+from ..checkpoint import load_checkpoint
 from ..config import Config, ConfigError, TransformerConfig, config_from_dict
+from ..engines import load_model
 from ..tokenizer import Tokenizer
 
 FREE_MODEL_KEYS = ("dropout", "attention_dropout", "max_positions")
@@ -79,7 +80,7 @@ def load_source(path: str | Path) -> InitSource:
         CheckpointError: missing or unreadable.
         ConfigError: a Marian model ours cannot express.
     """
-    config, model, tokenizer = load_for_inference(path)
+    config, model, tokenizer = load_model(path)
     return InitSource(str(path), content_sha256(path), config, model.state_dict(), tokenizer)
 
 

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import Config
+from ..engines import PyTorchEngine
 from ..evaluate import corpus_scores
 from ..model import Transformer
 from ..tokenizer import Tokenizer
@@ -41,7 +42,7 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
     limit = config.data.valid_max_sentences or len(pairs)
-    translator = Translator(model, tokenizer, config, device)
+    translator = Translator(PyTorchEngine(model, tokenizer, config, device))
     greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
     hyps = translator.decode_ids([pairs.src(i).tolist() for i in range(limit)], greedy, scores=False)  # BLEU only
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
