@@ -38,13 +38,14 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...
     group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
     for option in option_fields(exclude):
         flag, text, metavar = "--" + option.name.replace("_", "-"), option.metadata["help"], option.metadata["metavar"]
-        if option.type == "bool" and option.default:
+        kind = option.type if isinstance(option.type, str) else option.type.__name__  # "int", "float" or "bool"
+        if kind == "bool" and option.default:
             group.add_argument(flag.replace("--", "--no-"), dest=option.name, action="store_const", const=False,
                                help=f"turn off (on by default): {text}")
-        elif option.type == "bool":
+        elif kind == "bool":
             group.add_argument(flag, action="store_const", const=True, help=text)
         else:
-            group.add_argument(flag, type={"int": int, "float": float}[option.type], metavar=metavar, help=text)
+            group.add_argument(flag, type={"int": int, "float": float}[kind], metavar=metavar, help=text)
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:

@@ -193,7 +193,8 @@ def with_passthrough(passthrough: PassThrough, sentences: list[str], prefixes: O
                      translate_n_best: NBestFn, copy_unknown: bool = True,
                      align: Optional[Callable[[list[str], list[str]], list[list[tuple[int, int]]]]] = None
                      ) -> tuple[list[list[tuple[str, float]]], int]:
-    """`translate_n_best` of the stripped sentences and their source ids (each sentence encoded once), with, if
+    """`translate_n_best` of the stripped sentences and their source ids (a sentence with spans is encoded again
+    without them), with, if
     `copy_unknown`, each sentence's spans taken out before and put back into each of its hypotheses after, aligned
     with `align` (None: relative positions).
 

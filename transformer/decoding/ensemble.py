@@ -3,7 +3,7 @@
 Each member encodes the source and keeps its own key/value cache; at every step the ensemble's score of a next
 token is the mean of the members' log-probabilities of it (a geometric mean of their distributions, which the
 searches renormalise with their log-softmax). Greedy decoding, beam search and sampling take it like one model. The
-members must share one target vocabulary (the same tokenizer: `Translator.from_checkpoints` checks it).
+members must share one target vocabulary (the same tokenizer: `engines.open_engine` checks it).
 """
 
 from __future__ import annotations

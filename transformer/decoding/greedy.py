@@ -29,7 +29,8 @@ def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], 
         alive: the output index of each row; outputs, finished, max_lengths: per output, updated in place.
 
     Returns:
-        The rows still decoding and their last tokens `(len(kept),)`; an empty list when none is left.
+        The rows still decoding and their last tokens `(len(kept),)`; when none is left, an empty list and `tokens`
+        as given.
     """
     keep = []
     for row, (i, token) in enumerate(zip(alive, tokens.tolist())):

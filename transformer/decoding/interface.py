@@ -6,7 +6,7 @@ The readable `model.Transformer` implements it, and so do the CPU speed paths of
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from torch import Tensor
 
@@ -37,13 +37,14 @@ class IncrementalDecoder(Protocol):
 
     config: TransformerConfig
 
-    def encode(self, src: Tensor, src_key_padding_mask: Tensor) -> Tensor:
-        """src `(batch, src_len)`, src_key_padding_mask `(batch, src_len)` bool (True at padding) -> memory
-        `(batch, src_len, d_model)`."""
+    def encode(self, src: Tensor, src_key_padding_mask: Tensor) -> Any:
+        """src `(batch, src_len)`, src_key_padding_mask `(batch, src_len)` bool (True at padding) -> the memory that
+        `new_cache` takes: a Tensor `(batch, src_len, d_model)` for one model, a list of them (one per member) for
+        an ensemble (`decoding/ensemble.py`). The searches only hand it on."""
 
-    def new_cache(self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,
+    def new_cache(self, memory: Any, memory_key_padding_mask: Optional[Tensor] = None,
                   beam_size: int = 1) -> IncrementalCache:
-        """A cache for decoding `memory` `(batch, src_len, d_model)`, each sentence on beam_size consecutive rows
+        """A cache for decoding `memory` (what `encode` returned), each sentence on beam_size consecutive rows
         (`batch * beam_size` rows in all)."""
 
     def decode_step(self, tokens: Tensor, cache: IncrementalCache) -> Tensor:

@@ -1,5 +1,5 @@
-"""Restrictions of the next token that every search applies: n-gram repeat blocking, runs of one token, and forced
-prefixes.
+"""Restrictions of the next token that every search applies through `rules.NextTokenRules`: n-gram repeat blocking,
+runs of one token, and forced prefixes.
 
 N-gram blocking: no output contains the same n-gram of pieces twice. At each step, a hypothesis whose last n - 1
 tokens already occurred earlier followed by token t may not produce t again. Eos is never blocked, so a hypothesis

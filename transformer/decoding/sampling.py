@@ -25,7 +25,8 @@ from .rules import NextTokenRules, max_output_lengths
 
 def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0) -> Tensor:
     """The probabilities tokens are drawn from: softmax(logits / temperature), then only the top_k most probable
-    (0: all) and, of those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
+    (0: all; tokens tied with the k-th most probable are kept too, so a row can keep more than top_k) and, of
+    those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
 
     Args:
         logits: `(rows, vocab)`; -inf where a token may not be produced.
