@@ -1,4 +1,5 @@
-"""`transformer serve`: the JSON API through an in-process client, its refusals, and request batching."""
+"""`transformer serve`: the JSON API through an in-process client, its refusals, and request batching over a trained
+model. The service without FastAPI: `test_serve_service.py`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from transformer import Transformer  # noqa: E402
 from transformer.attention_plot import attention_for  # noqa: E402
 from transformer.cli import main  # noqa: E402
+from transformer.config import DecodingConfig  # noqa: E402
 from transformer.serve import ServeLimits, create_app  # noqa: E402
 from transformer.translate import Translator  # noqa: E402
 
@@ -70,7 +72,7 @@ def test_attention_returns_every_weight_of_the_translation(client, translator):
     assert body == json.loads(json.dumps(attention_for(translator, SENTENCES[0],
                                                        translator.decoding_options(n_best=1))))
     assert body["translation"] == client.post("/translate", json={"text": [SENTENCES[0]]}).json()["translations"][0]
-    config = translator.model.config
+    config = translator.engine.attention_model.config
     S, T = len(body["src_pieces"]), len(body["tgt_out_pieces"])
     assert len(body["cross"]) == config.n_decoder_layers and len(body["encoder_self"]) == config.n_encoder_layers
     for kind, shape in (("cross", (T, S)), ("encoder_self", (S, S)), ("decoder_self", (T, T))):
@@ -85,7 +87,7 @@ def test_health_describes_model_vocabulary_device_and_uptime(client, translator,
     body = client.get("/health").json()
     assert body["status"] == "ok" and body["device"] == "cpu" and body["uptime_s"] >= 0
     assert body["model"]["checkpoint"] == checkpoint.name and body["model"]["engine"] == "pytorch"
-    assert body["model"]["parameters"] == Transformer(translator.model.config).num_parameters()  # as trained
+    assert body["model"]["parameters"] == Transformer(translator.config.model).num_parameters()  # as trained
     assert body["model"]["quantization"] is None and body["model"]["compile"] is False
     assert body["vocabulary"] == {"src_lang": "de", "tgt_lang": "en", "src_size": translator.tokenizer.src_vocab_size,
                                   "tgt_size": translator.tokenizer.tgt_vocab_size, "joint": True}
@@ -141,7 +143,7 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
                        headers={"content-type": "application/json"})
     assert huge.status_code == 413 and "max-request-bytes" in huge.json()["error"]
     assert client.post("/attention", json={"text": SENTENCES}).json()["field"] == "text"
-    too_long = client.post("/attention", json={"text": "Hund " * (translator.model.config.max_positions + 5)})
+    too_long = client.post("/attention", json={"text": "Hund " * (translator.config.model.max_positions + 5)})
     assert too_long.status_code == 422 and "max_positions" in too_long.json()["error"]
     assert client.post("/attention", json={"text": "Ein Hund.", "beam_size": 99}).json()["field"] == "beam_size"
     no_type = client.post("/translate", content=b'{"text": ["Ein Hund."]}', headers={"content-type": "text/plain"})
@@ -200,19 +202,18 @@ def test_a_compiled_translator_warmed_up_serves_the_eager_outputs_without_compil
     assert compiled_graphs() == graphs
 
 
-class GatedTranslator:
-    """The real translator behind a gate: the first decoding call waits until the test opens it."""
+class GatedTranslator(Translator):
+    """A translator over the same engine, behind a gate: the first decoding call waits until the test opens it."""
 
     def __init__(self, translator: Translator) -> None:
-        self.inner, self.calls, self.gate = translator, [], threading.Event()
-        self.config, self.tokenizer, self.model = translator.config, translator.tokenizer, translator.model
-        self.num_parameters, self.quantization = translator.num_parameters, translator.quantization
-        self.decoding_options = translator.decoding_options
+        super().__init__(translator.engine)
+        self.calls, self.prefixes, self.gate = [], [], threading.Event()
 
-    def translate_n_best(self, sentences, **options):
+    def translate_n_best(self, sentences, *args, prefixes=None, **options):
         self.calls.append(list(sentences))
+        self.prefixes.append(prefixes)
         assert self.gate.wait(60), "the test never opened the gate"
-        return self.inner.translate_n_best(sentences, **options)
+        return super().translate_n_best(sentences, *args, prefixes=prefixes, **options)
 
 
 def _wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
@@ -225,7 +226,7 @@ def _wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
 def test_requests_that_arrive_during_a_decode_share_the_next_one_and_health_answers_meanwhile(translator):
     gated = GatedTranslator(translator)
     app = create_app(gated, max_batch_sentences=64)
-    batcher = app.state.batcher
+    batcher = app.state.service.batcher
     requests = [[SENTENCES[0]], [SENTENCES[1]], [SENTENCES[2], SENTENCES[0]], ["Ein Kind lacht."], [SENTENCES[2]]]
     answers: dict[int, list[str]] = {}
     with TestClient(app) as client:
@@ -252,6 +253,60 @@ def test_requests_that_arrive_during_a_decode_share_the_next_one_and_health_answ
     for i, sentences in enumerate(requests):
         assert answers[i] == translator.translate(sentences), i
     assert (stats["batches"], stats["requests"], stats["largest_batch_requests"]) == (2, 5, 4)
+
+
+def test_requests_with_prefixes_share_decoding_calls_with_the_others(translator):
+    """A request with prefixes waits in the queue like any other and joins the next call of its options: its
+    sentences carry their prefixes, the others' none, and each answer is what that request gets alone."""
+    gated = GatedTranslator(translator)
+    app = create_app(gated, max_batch_sentences=64)
+    requests = [{"text": [SENTENCES[0]]}, {"text": SENTENCES[1:], "prefix": ["Two dogs", ""]},
+                {"text": [SENTENCES[0], "Ein Kind lacht."]}]
+    answers: dict[int, list[str]] = {}
+    with TestClient(app) as client:
+        def send(i: int) -> None:
+            answers[i] = client.post("/translate", json=requests[i]).json()["translations"]
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        threads[0].start()
+        try:
+            _wait_until(lambda: len(gated.calls) == 1, "the first decoding call")
+            for t in threads[1:]:
+                t.start()
+            _wait_until(lambda: app.state.service.batcher.n_waiting == 2, "the other requests to queue")
+        finally:
+            gated.gate.set()
+        for t in threads:
+            t.join(60)
+        stats = client.get("/health").json()["batching"]
+    assert len(gated.calls) == 2 and gated.prefixes[0] is None  # the second call: both waiting requests
+    assert sorted(zip(gated.calls[1], map(str, gated.prefixes[1]))) == sorted(
+        [(SENTENCES[1], "Two dogs"), (SENTENCES[2], ""), (SENTENCES[0], "None"), ("Ein Kind lacht.", "None")])
+    assert answers[1] == translator.translate(SENTENCES[1:], prefixes=["Two dogs", ""])
+    assert answers[1][0].startswith("Two dogs")
+    for i in (0, 2):
+        assert answers[i] == translator.translate(requests[i]["text"]), i
+    assert (stats["batches"], stats["requests"], stats["sentences"], stats["largest_batch_requests"]) == (2, 3, 5, 2)
+
+
+def test_request_fields_are_the_decoding_options_typed_strictly_and_described(client):
+    """The decoding fields come from `DecodingConfig` (`decoding/options.py`): a JSON int is a float, not a bool or
+    an int's string; /attention takes them all but n_best; each is described in the OpenAPI schema."""
+    assert client.post("/translate", json={"text": "Ein Hund.", "length_penalty": 1, "max_len_a": 2}).status_code == 200
+    for bad, field in (({"sampling": 1}, "sampling"), ({"copy_unknown": "no"}, "copy_unknown"),
+                       ({"max_len_b": 2.0}, "max_len_b"), ({"top_p": True}, "top_p")):
+        response = client.post("/translate", json={"text": "Ein Hund.", **bad})
+        assert response.status_code == 422 and response.json()["field"] == field, response.text
+    attention = client.post("/attention", json={"text": "Ein Hund.", "no_repeat_ngram_size": 2, "max_repeat": 1})
+    assert attention.status_code == 200, attention.text
+    refused = client.post("/attention", json={"text": "Ein Hund.", "n_best": 2}).json()
+    assert refused["field"] == "n_best" and refused["error"].startswith("unknown option")
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for name, exceptions in (("TranslateRequest", {"batch_size", "max_tokens_per_batch"}),
+                             ("AttentionRequest", {"batch_size", "max_tokens_per_batch", "n_best"})):
+        properties = schemas[name]["properties"]
+        assert set(DecodingConfig.__dataclass_fields__) - exceptions <= set(properties)
+        assert not exceptions & set(properties) and all(p.get("description") for p in properties.values()), name
 
 
 def test_serve_refuses_a_missing_checkpoint_and_bad_limits(tmp_path, capsys):

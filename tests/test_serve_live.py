@@ -166,7 +166,7 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(trained_run, capsys, m
     def not_loaded(*args, **kwargs):
         raise AssertionError("the model was loaded although the port is taken")
 
-    monkeypatch.setattr(server_module, "open_translator", not_loaded)
+    monkeypatch.setattr(server_module.Translator, "from_checkpoint", not_loaded)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -7,6 +7,8 @@
     GET  /health      model, vocabulary, device, uptime, limits and batching counts
     GET  /            the attention explorer (static HTML, CSS and JavaScript from `static/`, no CDN)
 
+Each route adapts `service.TranslationService`, which holds the validation and the work: the request models
+here check the JSON's types (their decoding fields are made from `DecodingConfig`'s fields), the service the rest.
 Bad input gets a 4xx response whose JSON names the field: `{"error": message, "field": "beam_size", "errors":
 [{"field": ..., "message": ...}, ...]}`. Requests never name files: the page's three files are read once at start-up
 and served from memory.
@@ -16,23 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import difflib
 import logging
-import time
-from collections.abc import Awaitable
-from dataclasses import asdict, dataclass
+import typing
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..attention_plot import AttentionPlotError, attention_for
-from ..config import ConfigError, DecodingConfig
-from .batching import RequestBatcher
+from ..config import DecodingConfig
+from ..translate import Translator
+from .service import ATTENTION_OPTIONS, TRANSLATE_OPTIONS, RequestError, ServeLimits, TranslationService
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -41,78 +43,44 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/static/style.css": ("style.css", "text/css; charset=utf-8")}
 
 
-@dataclass(frozen=True)
-class ServeLimits:
-    """What one request may ask for (`transformer serve --max-...` flags); beyond it: a 4xx naming the field."""
-
-    max_sentences: int = 128
-    """Sentences in one /translate request."""
-    max_chars: int = 2000
-    """Characters in one sentence."""
-    max_beam_size: int = 16
-    max_request_bytes: int = 1_000_000
-    """Size of a request body (bytes); larger bodies get 413 before they are read whole."""
-    request_timeout_s: float = 30.0
-    """Seconds a request's body may take to arrive once its headers have (408 after it; 0: no limit). The server
-    (`run_server`) bounds the headers' time by the same figure."""
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP status, the field at fault and why."""
-
-    def __init__(self, status: int, field: Optional[str], message: str) -> None:
-        super().__init__(message)
-        self.status, self.field, self.message = status, field, message
-
-
-SEARCH_OPTIONS = ("n_best", "beam_size", "length_penalty", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
-                  "max_repeat", "sampling", "top_k", "top_p", "temperature", "seed", "copy_unknown")
-"""The decoding options a request may set (the others are the server's: batch sizes)."""
-
-
-class DecodingRequest(BaseModel):
-    """Decoding options of `transformer translate`; unset ones take the checkpoint's decoding section."""
+class _TranslateText(BaseModel):
+    """The fields of a /translate request but its decoding options. Strict, as every request model: a wrong type is
+    refused, not converted (a JSON integer is taken for a float, nothing else)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    beam_size: Optional[int] = Field(None, description="1 is greedy decoding")
-    length_penalty: Optional[float] = Field(None, description="α of the length penalty ((5+|Y|)/6)^α")
-    min_len: Optional[int] = Field(None, description="tokens that must come before eos may be produced")
-    max_len_a: Optional[float] = Field(None, description="output cap: max_len_a * src_len + max_len_b tokens")
-    max_len_b: Optional[int] = None
-
-
-class TranslateRequest(DecodingRequest):
     text: list[str] = Field(description="a list of sentences (or one sentence as a string)")
-    n_best: Optional[int] = Field(None, description="also return this many hypotheses per sentence, with scores "
-                                  "(with sampling: this many samples)")
-    no_repeat_ngram_size: Optional[int] = Field(None, description="no output repeats an n-gram of this many pieces")
-    max_repeat: Optional[int] = Field(None, description="no output has one piece more than this many times in a row "
-                                      "(0: no limit)")
-    sampling: Optional[bool] = Field(None, description="draw each token at random (beam size 1)")
-    top_k: Optional[int] = Field(None, description="with sampling: among the k most probable tokens (0: all)")
-    top_p: Optional[float] = Field(None, description="with sampling: from the nucleus of this probability")
-    temperature: Optional[float] = Field(None, description="with sampling: divide the logits by this")
-    seed: Optional[int] = Field(None, description="with sampling: same seed and sentence, same samples")
-    copy_unknown: Optional[bool] = Field(None, description="copy text the vocabulary lacks (emoji, other scripts) "
-                                         "through untranslated (default true); false: the model sees it as unk")
     prefix: Optional[list[str]] = Field(None, description="per sentence, a target prefix the translation starts "
                                         "with (\"\": none); one string for one sentence")
-
     alignment: Optional[bool] = Field(None, description="also return each translation's word alignment")
 
-    @field_validator("prefix", mode="before")
+    @field_validator("text", "prefix", mode="before")
     @classmethod
-    def one_prefix_is_a_list_of_one(cls, prefix: Any) -> Any:
-        return [prefix] if isinstance(prefix, str) else prefix
-
-    @field_validator("text", mode="before")
-    @classmethod
-    def one_sentence_is_a_list_of_one(cls, text: Any) -> Any:
-        return [text] if isinstance(text, str) else text
+    def one_is_a_list_of_one(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
 
-class AttentionRequest(DecodingRequest):
+class _AttentionText(BaseModel):
+    """The fields of an /attention request but its decoding options."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     text: str = Field(description="one sentence")
+
+
+def _with_options(name: str, doc: str, base: type[BaseModel], options: list[dataclasses.Field]) -> type[BaseModel]:
+    """The model `name`: `base` and a field per decoding option (a `DecodingConfig` field), of the option's type or
+    null (unset: the checkpoint's default), described by the option's help."""
+    types = typing.get_type_hints(DecodingConfig)
+    fields: dict[str, Any] = {f.name: (Optional[types[f.name]], Field(None, description=f.metadata["help"]))
+                              for f in options}
+    return create_model(name, __base__=base, __module__=__name__, __doc__=doc, **fields)
+
+
+TranslateRequest = _with_options("TranslateRequest", "Sentences to translate, and decoding options of `transformer "
+                                 "translate` (but the batch sizes); unset ones take the checkpoint's decoding section.",
+                                 _TranslateText, TRANSLATE_OPTIONS)
+AttentionRequest = _with_options("AttentionRequest", "One sentence whose best translation's attention to return, "
+                                 "and decoding options (those of /translate but n_best).", _AttentionText,
+                                 ATTENTION_OPTIONS)
 
 
 class Hypothesis(BaseModel):
@@ -130,123 +98,58 @@ class TranslateResponse(BaseModel):
     elapsed_ms: float
 
 
-def create_app(translator: Any, checkpoint: str = "", limits: Optional[ServeLimits] = None,
+def create_app(translator: Translator, checkpoint: str = "", limits: Optional[ServeLimits] = None,
                max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> FastAPI:
-    """The application around one loaded translator.
+    """The application around one loaded translator: each route adapts a `TranslationService` (`app.state.service`).
 
     Args:
-        translator: a `Translator` (every endpoint) or a `CTranslate2Translator` (no /attention: 501).
-        checkpoint: what /health reports as the model's origin.
-        limits: per-request limits (default: `ServeLimits()`).
-        max_batch_sentences: sentences collected into one decoding call (default: the checkpoint's
-            decoding.batch_size).
-        max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
+        translator, checkpoint, limits, max_batch_sentences, max_wait_ms: as `TranslationService`'s.
     """
-    limits = limits or ServeLimits()
-    batcher = RequestBatcher(
-        lambda sentences, options: translator.translate_n_best(
-            sentences, **{key: getattr(options, key) for key in SEARCH_OPTIONS}),
-        max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size, max_wait_ms=max_wait_ms)
-    page = {route: ((STATIC / name).read_bytes(), media) for route, (name, media) in PAGE_FILES.items()}
-    started = time.time()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        batcher.start()
-        yield
-        await batcher.stop()
-
-    app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=lifespan,
+    service = TranslationService(translator, checkpoint, limits, max_batch_sentences, max_wait_ms)
+    app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=_running,
                   description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
-    app.state.batcher = batcher
+    app.state.service = service
     _add_error_handlers(app)
-    app.add_middleware(_BodyLimits, limits=limits)
-
-    def options_for(body: DecodingRequest, n_best: Optional[int] = None) -> DecodingConfig:
-        if body.beam_size is not None and not 1 <= body.beam_size <= limits.max_beam_size:
-            raise RequestError(422, "beam_size", f"must be between 1 and {limits.max_beam_size} "
-                               f"(serve --max-beam-size), got {body.beam_size}")
-        if getattr(body, "sampling", None) and n_best is not None and not 1 <= n_best <= limits.max_beam_size:
-            raise RequestError(422, "n_best", f"samples must be between 1 and {limits.max_beam_size} "
-                               f"(serve --max-beam-size), got {n_best}")
-        given = {key: getattr(body, key, None) for key in SEARCH_OPTIONS if key != "n_best"}
-        try:
-            return translator.decoding_options(n_best=n_best, **given)
-        except ConfigError as err:  # "decoding.n_best: must be ..." -> field n_best
-            key, _, message = str(err).partition(": ")
-            raise RequestError(422, key.removeprefix("decoding."), message) from None
-
-    def sentences_of(sentences: list[str], one: bool = False) -> list[str]:
-        if not sentences:
-            raise RequestError(422, "text", "no sentences: give a string or a non-empty list of strings")
-        if len(sentences) > limits.max_sentences:
-            raise RequestError(422, "text", f"at most {limits.max_sentences} sentences per request "
-                               f"(serve --max-sentences), got {len(sentences)}")
-        if not any(sentence.strip() for sentence in sentences):  # in a list, an empty one gets an empty translation
-            raise RequestError(422, "text", "empty sentence" if one or len(sentences) == 1 else
-                               "nothing to translate: every sentence is empty")
-        for i, sentence in enumerate(sentences):
-            where = "text" if one else f"text[{i}]"
-            if len(sentence) > limits.max_chars:
-                raise RequestError(422, where, f"{len(sentence)} characters; at most {limits.max_chars} "
-                                   "(serve --max-chars)")
-            _check_encodable(sentence, where)
-        return sentences
+    app.add_middleware(_BodyLimits, limits=service.limits)
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
     async def translate(body: TranslateRequest, request: Request) -> dict:
         """Translate sentences (batched with concurrent requests); the n best with scores if n_best is given."""
-        start = time.perf_counter()
-        sentences = sentences_of(body.text)
-        options = options_for(body, n_best=body.n_best)
-        if body.prefix is None:
-            results = await _unless_disconnected(request, batcher.translate(sentences, options))
-        elif len(body.prefix) != len(sentences):
-            raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(body.prefix)}")
-        else:  # prefixes are per sentence: this request is decoded on its own
-            for i, prefix in enumerate(body.prefix):
-                _check_encodable(prefix, f"prefix[{i}]")
-            search = {key: getattr(options, key) for key in SEARCH_OPTIONS}
-            results = await _unless_disconnected(request, batcher.run_on_worker(lambda: translator.translate_n_best(
-                sentences, prefixes=body.prefix, **search)))
-            batcher.count(1, len(sentences))
-        response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": options.beam_size}
-        if body.alignment:
-            if not _is_pytorch(translator):
-                raise RequestError(501, "alignment", "alignments need a PyTorch checkpoint (.pt); this server runs "
-                                   "an exported CTranslate2 model")
-            pairs = await batcher.run_on_worker(translator.align, sentences, response["translations"])
-            response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
-        if body.n_best is not None:
-            response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
-        response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
-        return response
+        work = service.translate(body.text, _options(body, TRANSLATE_OPTIONS), body.prefix, bool(body.alignment))
+        return await _unless_disconnected(request, work)
 
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> dict:
         """Translate one sentence and return every attention weight (`transformer attention --format json`)."""
-        if not _is_pytorch(translator):
-            raise RequestError(501, None, "attention needs a PyTorch checkpoint (.pt); this server runs an "
-                               "exported CTranslate2 model")
-        sentence = sentences_of([body.text], one=True)[0]
-        options = options_for(body, n_best=1)
-        try:
-            return await batcher.run_on_worker(attention_for, translator, sentence, options)
-        except AttentionPlotError as err:
-            raise RequestError(422, "text", str(err)) from None
+        return await service.attention(body.text, _options(body, ATTENTION_OPTIONS))
 
     @app.get("/health")
     async def health() -> dict:
         """Model, vocabulary, device, uptime (seconds), limits and batching counts."""
-        return {"status": "ok", **_describe(translator, checkpoint), "uptime_s": round(time.time() - started, 1),
-                "limits": asdict(limits), "decoding": asdict(translator.config.decoding),
-                "batching": {"max_batch_sentences": batcher.max_batch_sentences, "max_wait_ms": batcher.max_wait_ms,
-                             **batcher.stats.to_dict()}}
+        return service.health()
 
-    for route, (content, media) in page.items():
-        app.add_api_route(route, _static_page(content, media), methods=["GET"], include_in_schema=False,
-                          response_class=HTMLResponse if route == "/" else Response)
+    _add_page(app)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _running(app: FastAPI) -> AsyncIterator[None]:
+    """While the application serves, its service's batcher runs."""
+    app.state.service.start()
+    yield
+    await app.state.service.stop()
+
+
+def _options(body: BaseModel, options: list[dataclasses.Field]) -> dict[str, Any]:
+    """The decoding options of a request body, by name (None: not given)."""
+    return {f.name: getattr(body, f.name) for f in options}
+
+
+def _add_page(app: FastAPI) -> None:
+    """The attention explorer's files, read now and served from memory."""
+    for route, (name, media) in PAGE_FILES.items():
+        app.add_api_route(route, _static_page((STATIC / name).read_bytes(), media), methods=["GET"],
+                          include_in_schema=False, response_class=HTMLResponse if route == "/" else Response)
 
 
 class ClientGone(Exception):
@@ -325,39 +228,6 @@ def _static_page(content: bytes, media_type: str):
     async def serve_file() -> Response:
         return Response(content, media_type=media_type)
     return serve_file
-
-
-def _is_pytorch(translator: Any) -> bool:
-    """True for our own model (a `Translator`), False for an exported CTranslate2 one."""
-    return hasattr(getattr(translator, "model", None), "forward_with_attention")
-
-
-def _describe(translator: Any, checkpoint: str) -> dict:
-    config = translator.config
-    is_torch = _is_pytorch(translator)
-    tokenizer = translator.tokenizer
-    return {
-        "model": {"checkpoint": " ".join(Path(c).name for c in checkpoint.split(" ")),
-                  "engine": "pytorch" if is_torch else "ctranslate2",
-                  **{k: getattr(config.model, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
-                                                             "n_decoder_layers", "max_positions", "norm_first")},
-                  "parameters": translator.num_parameters if is_torch else None,
-                  "quantization": translator.quantization if is_torch else None,
-                  "compile": bool(getattr(translator, "compile", False))},
-        "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
-                       "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
-                       "joint": tokenizer.is_joint},
-        "device": str(getattr(translator, "device", "cpu")),
-    }
-
-
-def _check_encodable(text: str, where: str) -> None:
-    """Refuse text that is not Unicode text (a lone surrogate such as "\\ud83d", which JSON can carry)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise RequestError(422, where, f"not valid text: a lone surrogate U+{ord(text[err.start]):04X} at character "
-                           f"{err.start} (send whole characters: a surrogate pair or the character itself)") from None
 
 
 def _field(location: tuple) -> Optional[str]:

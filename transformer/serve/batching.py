@@ -2,10 +2,11 @@
 
 A request's sentences wait in a queue; one asyncio task takes the first waiting request, keeps collecting for up to
 `max_wait_ms` milliseconds (or until `max_batch_sentences` sentences are waiting), and decodes everything it holds
-with one `translate_n_best` call per set of decoding options. Decoding runs on one worker thread, so the event loop
-keeps answering (health checks, new requests) while the model works, and requests that arrive during a decode are
-all taken together by the next one: the busier the server, the larger its batches (the batching of serving systems
-such as TensorFlow Serving and CTranslate2's asynchronous translate).
+with one `translate_n_best` call per set of decoding options. A request with target prefixes is batched like any
+other: its sentences carry their prefixes into the shared call, the others' none. Decoding runs on one worker thread,
+so the event loop keeps answering (health checks, new requests) while the model works, and requests that arrive
+during a decode are all taken together by the next one: the busier the server, the larger its batches (the batching
+of serving systems such as TensorFlow Serving and CTranslate2's asynchronous translate).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from ..config import DecodingConfig
 NBest = list[list[tuple[str, float]]]
 """Per sentence, the n best (text, score) pairs, best first."""
 
+Prefixes = Optional[list[Optional[str]]]
+"""Per sentence, a target prefix its translation starts with (None or "": none); None when no sentence has one."""
+
 T = TypeVar("T")
 
 
@@ -30,6 +34,7 @@ T = TypeVar("T")
 class _Request:
     sentences: list[str]
     options: DecodingConfig
+    prefixes: Prefixes
     future: asyncio.Future
 
 
@@ -57,13 +62,13 @@ class RequestBatcher:
     """Collects the sentences of concurrent requests into shared decoding calls.
 
     Args:
-        translate_n_best: `(sentences, options) -> NBest`, called on the worker thread only (so the model is never
-            used by two threads at once).
+        translate_n_best: `(sentences, prefixes, options) -> NBest` (`prefixes`: see `Prefixes`), called on the
+            worker thread only (so the model is never used by two threads at once).
         max_batch_sentences: stop collecting once this many sentences wait (a request is never split).
         max_wait_ms: how long (milliseconds) to keep collecting after the first waiting request.
     """
 
-    translate_n_best: Callable[[list[str], DecodingConfig], NBest]
+    translate_n_best: Callable[[list[str], Prefixes, DecodingConfig], NBest]
     max_batch_sentences: int = 64
     max_wait_ms: float = 5.0
     stats: BatchingStats = field(default_factory=BatchingStats)
@@ -95,28 +100,36 @@ class RequestBatcher:
         """Requests queued and not yet taken by a decoding call."""
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def translate(self, sentences: list[str], options: DecodingConfig) -> NBest:
+    async def translate(self, sentences: list[str], options: DecodingConfig, prefixes: Prefixes = None) -> NBest:
         """Queue sentences for the next decoding call and wait for their n-best lists (in input order).
 
+        Args:
+            sentences: the request's sentences.
+            options: its decoding options; requests with equal options share a call.
+            prefixes: per sentence, a target prefix (None or "": none), or None for none at all.
+
         Raises:
+            ValueError: prefixes not one per sentence.
             RuntimeError: the batcher is not started, or stops before the request is served.
             Whatever `translate_n_best` raises for this request's batch.
         """
         if self._queue is None or self._task is None:
             raise RuntimeError("RequestBatcher.start() was not called")
-        request = _Request(sentences, options, asyncio.get_running_loop().create_future())
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise ValueError(f"one prefix per sentence ({len(sentences)}), got {len(prefixes)}")
+        request = _Request(sentences, options, prefixes, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(request)
         return await request.future
 
     async def run_on_worker(self, function: Callable[..., T], *args: Any) -> T:
-        """Run `function(*args)` on the decoding thread, after the decoding calls already given to it."""
+        """Run `function(*args)` on the decoding thread, after the decoding calls already given to it (work that uses
+        the model outside the batches: alignments, attention weights)."""
         if self._worker is None:
             raise RuntimeError("RequestBatcher.start() was not called")
         return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
 
-    def count(self, n_requests: int, n_sentences: int) -> None:
-        """Count one decoding call of `n_requests` requests and `n_sentences` sentences in `stats` (called for the
-        batches made here, and for requests decoded on their own through `run_on_worker`)."""
+    def _count(self, n_requests: int, n_sentences: int) -> None:
+        """Count one decoding call of `n_requests` requests and `n_sentences` sentences in `stats`."""
         self.stats.requests += n_requests
         self.stats.sentences += n_sentences
         self.stats.batches += 1
@@ -160,14 +173,17 @@ class RequestBatcher:
         if not group:
             return
         sentences = [s for request in group for s in request.sentences]
+        prefixes: Prefixes = None  # no sentence has one: the search needs no forced-token rule
+        if any(request.prefixes is not None for request in group):
+            prefixes = [p for request in group for p in (request.prefixes or [None] * len(request.sentences))]
         try:
-            results = await self.run_on_worker(self.translate_n_best, sentences, options)
+            results = await self.run_on_worker(self.translate_n_best, sentences, prefixes, options)
         except Exception as err:  # noqa: BLE001 - handed to the requests that asked, the loop keeps serving
             for request in group:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
-        self.count(len(group), len(sentences))
+        self._count(len(group), len(sentences))
         start = 0
         for request in group:
             if not request.future.done():  # a client that went away during the decode leaves a cancelled future

@@ -13,8 +13,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..config import ConfigError
-from ..ct2 import open_translator
-from .app import ServeLimits, create_app
+from ..translate import Translator
+from .app import create_app
+from .service import ServeLimits
 
 
 def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
@@ -22,7 +23,8 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
                limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
                access_log: bool = True, quantization: Optional[str] = None,
                compile: bool = False, shutdown_timeout_s: float = 30.0) -> None:
-    """Load `checkpoint` (a .pt file or an exported CTranslate2 folder) and serve it until interrupted.
+    """Load `checkpoint` (`Translator.from_checkpoint`: a .pt file, a MarianMT folder, an exported CTranslate2
+    folder, or several paths: an ensemble) and serve it until interrupted.
 
     Args:
         host: interface to bind; 127.0.0.1 (the default) is reachable from this machine only.
@@ -33,9 +35,9 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
         max_batch_sentences: sentences collected into one decoding call (0: the checkpoint's decoding.batch_size).
         max_wait_ms: how long to collect concurrent requests after the first (milliseconds).
         access_log: log one line per request (uvicorn's access log).
-        quantization: None or "int8" (see `Translator`).
-        compile: decode with the compiled step (`Translator(..., compile=True)`), compiled before the server starts
-            answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
+        quantization: None or "int8" (see `engines.open_engine`).
+        compile: decode with the compiled step (`Translator.from_checkpoint(..., compile=True)`), compiled before the
+            server starts answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
         shutdown_timeout_s: on SIGTERM or Ctrl-C, how long requests in flight may take to finish before they are
             cancelled and their connections closed (new connections are refused at once).
 
@@ -43,7 +45,7 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
     its previous answer) is closed. On SIGTERM the server shuts down as above and returns (exit status 0).
 
     Raises:
-        CheckpointError, DeviceError: the model cannot be loaded.
+        CheckpointError, DeviceError, OptionError: the model cannot be loaded as asked.
         ConfigError: the address cannot be listened on (port in use, host not an address of this machine), checked
             before the model is loaded.
     """
@@ -51,7 +53,7 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
     try:
         if threads > 0:
             torch.set_num_threads(threads)
-        translator = open_translator(checkpoint, device=device, quantization=quantization, compile=compile)
+        translator = Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, compile=compile)
         if compile:
             print("compiling the decoding step for greedy and beam search (about 20-60 s each) ...", file=sys.stderr,
                   flush=True)

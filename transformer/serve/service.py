@@ -1,0 +1,221 @@
+"""The server as a plain service: `TranslationService` holds what `transformer serve` does for a request (validate it,
+batch it with concurrent ones, translate, read attention, describe the model), with no web framework in sight.
+
+    service = TranslationService(Translator.from_checkpoint("best.pt"))
+    service.start()                                               # in the running event loop: the batcher
+    await service.translate(["Ein Mann fährt Fahrrad."], {"beam_size": 4, "n_best": 2})
+    await service.stop()
+
+`app.py` adapts it to HTTP: each route passes the request's fields in and the answer out, and turns a
+`RequestError` (an HTTP status, the field at fault and why) into the JSON of a 4xx or 5xx answer. The service needs
+only asyncio (`batching.py`): it and its tests run without FastAPI or pydantic installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..attention_plot import AttentionPlotError, attention_for
+from ..config import ConfigError, DecodingConfig
+from ..decoding.options import SERVER_BATCHING, option_fields
+from ..translate import Translator
+from .batching import NBest, Prefixes, RequestBatcher
+
+TRANSLATE_OPTIONS = option_fields(exclude=SERVER_BATCHING)
+"""The decoding options a /translate request may set: every field of `DecodingConfig` but the batching, which is the
+server's (`decoding/options.py`)."""
+ATTENTION_OPTIONS = option_fields(exclude=(*SERVER_BATCHING, "n_best"))
+"""Those of /attention: the same but n_best (it shows the best translation)."""
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may ask for (`transformer serve --max-...` flags); beyond it: a 4xx naming the field."""
+
+    max_sentences: int = 128
+    """Sentences in one /translate request."""
+    max_chars: int = 2000
+    """Characters in one sentence."""
+    max_beam_size: int = 16
+    max_request_bytes: int = 1_000_000
+    """Size of a request body (bytes); larger bodies get 413 before they are read whole."""
+    request_timeout_s: float = 30.0
+    """Seconds a request's body may take to arrive once its headers have (408 after it; 0: no limit). The server
+    (`run_server`) bounds the headers' time by the same figure."""
+
+
+class RequestError(Exception):
+    """A request the service refuses: the HTTP status to answer, the field at fault (None: the request as a whole)
+    and why."""
+
+    def __init__(self, status: int, field: Optional[str], message: str) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+class TranslationService:
+    """Translation, attention and health for one loaded model, with the requests' validation and their batching.
+
+    Args:
+        translator: the model (any engine; /attention and alignments need one with an `attention_model`).
+        checkpoint: what `health` reports as the model's origin (paths separated by spaces).
+        limits: per-request limits (default: `ServeLimits()`).
+        max_batch_sentences: sentences collected into one decoding call (default: the checkpoint's
+            decoding.batch_size).
+        max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
+
+    Attributes:
+        translator, checkpoint, limits: as given.
+        batcher: the `RequestBatcher` that decodes every request's sentences; `start` and `stop` run it.
+
+    Every method raises `RequestError` for a request it refuses (422 for bad input, 501 for what the engine cannot
+    do), naming the field: "text", "text[3]", "prefix[0]", "beam_size", ... Options are a mapping from a field of
+    `DecodingConfig` to its value (None: the checkpoint's default), of the field's type (`app.py` checks the types).
+    """
+
+    def __init__(self, translator: Translator, checkpoint: str = "", limits: Optional[ServeLimits] = None,
+                 max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> None:
+        self.translator, self.checkpoint, self.limits = translator, checkpoint, limits or ServeLimits()
+        self.batcher = RequestBatcher(self._translate_n_best, max_wait_ms=max_wait_ms,
+                                      max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size)
+        self._started = time.time()
+
+    def start(self) -> None:
+        """Start the batcher (in the running event loop)."""
+        self.batcher.start()
+
+    async def stop(self) -> None:
+        """Stop the batcher; requests still waiting get a `RuntimeError`."""
+        await self.batcher.stop()
+
+    async def translate(self, text: list[str], options: Mapping[str, Any],
+                        prefix: Optional[list[Optional[str]]] = None, alignment: bool = False) -> dict[str, Any]:
+        """Translate sentences, batched with concurrent requests.
+
+        Args:
+            text: the sentences; an empty one among others gets an empty translation.
+            options: decoding options (`TRANSLATE_OPTIONS`); with n_best, the answer has the n best with scores.
+            prefix: per sentence, a target prefix its translation starts with (None or "": none).
+            alignment: also answer each translation's word alignment (needs the engine's `attention_model`).
+
+        Returns:
+            {"translations": one per sentence, "beam_size", "elapsed_ms"}; with n_best also "n_best" (per sentence,
+            [{"text", "score"}, ...], best first); with alignment also "alignments" (per sentence, [source word,
+            target word] pairs).
+        """
+        start = time.perf_counter()
+        sentences = self._sentences(text)
+        decoding = self._options(options, TRANSLATE_OPTIONS)
+        if prefix is not None and len(prefix) != len(sentences):
+            raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}")
+        for i, one in enumerate(prefix or []):
+            _check_encodable(one or "", f"prefix[{i}]")
+        engine = self.translator.engine
+        if alignment and engine.attention_model is None:
+            raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
+                               f"folder); this server runs a {engine.name} model, which has no attention to read")
+        results = await self.batcher.translate(sentences, decoding, prefix)
+        response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": decoding.beam_size}
+        if alignment:
+            pairs = await self.batcher.run_on_worker(self.translator.align, sentences, response["translations"])
+            response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
+        if options.get("n_best") is not None:
+            response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
+        response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
+        return response
+
+    async def attention(self, text: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Translate one sentence (the best hypothesis) and return every attention weight: the data of
+        `transformer attention --format json` (`attention_plot.attention_for`).
+
+        Args:
+            text: one sentence.
+            options: decoding options (`ATTENTION_OPTIONS`).
+        """
+        engine = self.translator.engine
+        if engine.attention_model is None:
+            raise RequestError(501, None, f"attention needs our own model (a .pt checkpoint or a MarianMT folder); "
+                               f"this server runs a {engine.name} model, which has no attention to read")
+        sentence = self._sentences([text], one=True)[0]
+        decoding = self._options(options, ATTENTION_OPTIONS, n_best=1)
+        try:
+            return await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
+        except AttentionPlotError as err:
+            raise RequestError(422, "text", str(err)) from None
+
+    def health(self) -> dict[str, Any]:
+        """Model, vocabulary, device, uptime (seconds), limits, decoding defaults and batching counts."""
+        engine, config, tokenizer = self.translator.engine, self.translator.config, self.translator.tokenizer
+        sizes = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions", "norm_first")
+        return {
+            "status": "ok",
+            "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoint.split(" ")), "engine": engine.name,
+                      **{k: getattr(config.model, k) for k in sizes}, "parameters": engine.parameters,
+                      "quantization": engine.quantization, "compile": engine.compile},
+            "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+                           "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
+                           "joint": tokenizer.is_joint},
+            "device": engine.device,
+            "uptime_s": round(time.time() - self._started, 1),
+            "limits": asdict(self.limits),
+            "decoding": asdict(config.decoding),
+            "batching": {"max_batch_sentences": self.batcher.max_batch_sentences,
+                         "max_wait_ms": self.batcher.max_wait_ms, **self.batcher.stats.to_dict()},
+        }
+
+    def _translate_n_best(self, sentences: list[str], prefixes: Prefixes, options: DecodingConfig) -> NBest:
+        """One decoding call of the batcher (on its worker thread): `options` given back whole."""
+        return self.translator.translate_n_best(sentences, prefixes=prefixes, **asdict(options))
+
+    def _options(self, given: Mapping[str, Any], allowed: list[dataclasses.Field],
+                 n_best: Optional[int] = None) -> DecodingConfig:
+        """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits;
+        `n_best`, if given, is the service's own choice (the request may not set it)."""
+        unknown = [name for name in given if name not in {f.name for f in allowed}]
+        if unknown:
+            raise RequestError(422, unknown[0], "unknown option")
+        beam_size, samples, limit = given.get("beam_size"), given.get("n_best"), self.limits.max_beam_size
+        if beam_size is not None and not 1 <= beam_size <= limit:
+            raise RequestError(422, "beam_size", f"must be between 1 and {limit} (serve --max-beam-size), got "
+                               f"{beam_size}")
+        if given.get("sampling") and samples is not None and not 1 <= samples <= limit:
+            raise RequestError(422, "n_best", f"samples must be between 1 and {limit} (serve --max-beam-size), got "
+                               f"{samples}")
+        values = dict(given) if n_best is None else {**given, "n_best": n_best}
+        try:
+            return self.translator.decoding_options(**values)
+        except ConfigError as err:
+            raise RequestError(422, err.key and err.key.removeprefix("decoding."), err.detail) from None
+
+    def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
+        """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
+        limits = self.limits
+        if not sentences:
+            raise RequestError(422, "text", "no sentences: give a string or a non-empty list of strings")
+        if len(sentences) > limits.max_sentences:
+            raise RequestError(422, "text", f"at most {limits.max_sentences} sentences per request "
+                               f"(serve --max-sentences), got {len(sentences)}")
+        if not any(sentence.strip() for sentence in sentences):  # in a list, an empty one gets an empty translation
+            raise RequestError(422, "text", "empty sentence" if one or len(sentences) == 1 else
+                               "nothing to translate: every sentence is empty")
+        for i, sentence in enumerate(sentences):
+            where = "text" if one else f"text[{i}]"
+            if len(sentence) > limits.max_chars:
+                raise RequestError(422, where, f"{len(sentence)} characters; at most {limits.max_chars} "
+                                   "(serve --max-chars)")
+            _check_encodable(sentence, where)
+        return sentences
+
+
+def _check_encodable(text: str, where: str) -> None:
+    """Refuse text that is not Unicode text (a lone surrogate such as "\\ud83d", which JSON can carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(422, where, f"not valid text: a lone surrogate U+{ord(text[err.start]):04X} at character "
+                           f"{err.start} (send whole characters: a surrogate pair or the character itself)") from None
