@@ -315,8 +315,10 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
     return config_from_dict(raw, vocab_sizes=(vocab_size, vocab_size))
 
 
-def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str], list[int], list[int]]:
-    """Our vocabulary for a Marian one: (pieces by our id, Marian row of each our id, our id of each Marian row)."""
+def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """Our vocabulary for a Marian one: (pieces by our id, the Marian row of each of our ids). Marian's pad, unk,
+    decoder start and eos rows take our special ids (`_marian_specials`); the other rows keep their order after
+    them."""
     tokenizer_config = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() \
         else {}
     if tokenizer_config.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
@@ -333,22 +335,33 @@ def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str],
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
     if unk_piece not in vocab:
         raise ConfigError(f"{folder / 'vocab.json'}: no unknown-token piece {unk_piece!r}")
+    specials = _marian_specials(folder, marian, vocab[unk_piece])
+    rest = [i for i in range(size) if i not in specials]
+    return list(SPECIAL_PIECES) + [pieces[i] for i in rest], specials + rest
+
+
+def _marian_specials(folder: Path, marian: dict[str, Any], unk: int) -> list[int]:
+    """The Marian rows of our pad, unk, bos (Marian's decoder start token) and eos, in our id order."""
+    size = marian["vocab_size"]
     pad, eos = marian.get("pad_token_id"), marian.get("eos_token_id")
     start = marian.get("decoder_start_token_id", pad)
     start = pad if start is None else start
     for name, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
         if not isinstance(value, int) or not 0 <= value < size:
             raise ConfigError(f"{folder / 'config.json'}: {name}={value!r}: expected a token id below {size}")
-    special = {pad: PAD_ID, vocab[unk_piece]: UNK_ID, start: BOS_ID, eos: EOS_ID}
-    if len({pad, vocab[unk_piece], eos}) < 3 or start in (eos, vocab[unk_piece]):
+    if len({pad, unk, eos}) < 3 or start in (eos, unk):
         raise ConfigError(f"{folder / 'config.json'}: pad, eos, unk and the decoder start token need distinct ids "
-                          f"(got pad {pad}, eos {eos}, unk {vocab[unk_piece]}, start {start})")
-    rest = [i for i in range(size) if i not in special]
-    rows = [pad, vocab[unk_piece], start, eos] + rest  # Marian row of each of our ids
-    ours = list(SPECIAL_PIECES) + [pieces[i] for i in rest]
-    position = {marian_id: 4 + k for k, marian_id in enumerate(rest)}
-    export_order = [position[i] if i in position else special[i] for i in range(size)]
-    return ours, rows, export_order
+                          f"(got pad {pad}, eos {eos}, unk {unk}, start {start})")
+    return [pad, unk, start, eos]
+
+
+def _our_id_of_each_row(rows: list[int]) -> list[int]:
+    """The inverse of `rows` (the Marian row of each of our ids): our id of each Marian row, for the way back
+    (`Tokenizer.export_order`). Where Marian's decoder start token is its pad token, that row is our bos."""
+    ours = [0] * (max(rows) + 1)
+    for our_id, row in enumerate(rows):  # bos (our id 2) after pad (0): it takes a row they share
+        ours[row] = our_id
+    return ours
 
 
 def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, Transformer, Tokenizer]:
@@ -364,12 +377,12 @@ def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> t
         if not (folder / name).is_file():
             raise CheckpointError(f"{folder}: a Marian folder without {name} (the tokenizer files, as "
                                   "MarianTokenizer.save_pretrained writes them)")
-    vocab, rows, export_order = _import_vocabulary(folder, marian)
+    vocab, rows = _import_vocabulary(folder, marian)
     config = _our_config(folder, marian, len(vocab))
     src = (folder / "source.spm").read_bytes()
     tgt = (folder / "target.spm").read_bytes() if (folder / "target.spm").is_file() else src
     try:
-        tokenizer = Tokenizer(src, None if tgt == src else tgt, vocab, export_order)
+        tokenizer = Tokenizer(src, None if tgt == src else tgt, vocab, _our_id_of_each_row(rows))
     except (TokenizerError, RuntimeError) as err:
         raise CheckpointError(f"{folder}: unreadable tokenizer files: {err}") from None
     weights = _read_weights(folder)

@@ -21,13 +21,8 @@ from typing import Any, Optional
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range.
-
-    Args:
-        message: the whole message, as printed (it names the key).
-        key: the key path at fault (e.g. "decoding.n_best"), where one is; None otherwise.
-        detail: the message without the key, where `key` is given.
-    """
+    """A configuration value is missing, unknown, of the wrong type or out of range: `message` as printed (naming the
+    key), `key` the key path at fault where one is ("decoding.n_best"; else None), `detail` the message without it."""
 
     def __init__(self, message: str, key: Optional[str] = None, detail: Optional[str] = None) -> None:
         super().__init__(message)
@@ -332,8 +327,7 @@ class TrainingConfig:
 
 
 def _option(default: Any, help: str, metavar: Optional[str] = None) -> Any:
-    """A decoding option: its default and the one-line help that the command line's flag and the server's request
-    field show (`decoding/options.py` builds both from the fields)."""
+    """A decoding option: its default and the help its flag and request field show (`decoding/options.py`)."""
     return field(default=default, metadata={"help": help, "metavar": metavar})
 
 
@@ -345,19 +339,15 @@ class DecodingConfig:
 
     beam_size: int = _option(4, "beam size; 1 is greedy decoding")
     length_penalty: float = _option(0.6, "α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
-    """α of the GNMT length penalty ((5 + |Y|) / 6)^α (0 disables it)."""
     n_best: int = _option(1, "hypotheses per input, best first, with their scores (with sampling: independent "
                           "samples); translate prints them as 'index<TAB>score<TAB>text'")
     max_len_a: float = _option(1.5, "output length cap: max_len_a * src_len + max_len_b tokens")
-    """Output length cap, in tokens: max_len_a * src_len + max_len_b."""
     max_len_b: int = _option(10, "see max_len_a")
     min_len: int = _option(0, "tokens that must come before eos may be produced")
-    """Minimum output length in tokens (eos excluded)."""
     batch_size: int = _option(64, "sentences decoded together")
     max_tokens_per_batch: int = _option(0, "if > 0, batches also hold at most this many padded source tokens")
-    """If > 0, batches are cut by this many padded source tokens instead (batch_size still caps sentences)."""
-    no_repeat_ngram_size: int = _option(0, "no output repeats an N-gram of pieces (0: off)", "N")
-    """If N > 0, no output repeats an n-gram of N pieces (greedy, beam search and sampling; eos is never blocked)."""
+    no_repeat_ngram_size: int = _option(0, "no output repeats an N-gram of pieces (0: off; eos is never blocked)",
+                                        "N")
     max_repeat: int = _option(3, "no output has one piece more than R times in a row (default 3; 0: no limit)", "R")
     """If R > 0, no output has one piece more than R times in a row (greedy, beam search and sampling): it stops the
     loops of one subword ("Marininininin") a model can fall into on a word it barely knows. 0: no limit."""
@@ -366,9 +356,8 @@ class DecodingConfig:
     """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
     of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
     top_k: int = _option(0, "with sampling: draw among the K most probable tokens (0: all)", "K")
-    """With sampling: draw among the k most probable tokens only (0: all)."""
-    top_p: float = _option(1.0, "with sampling: draw from the nucleus of probability P", "P")
-    """With sampling: draw among the fewest most probable tokens whose probabilities sum to at least p (nucleus)."""
+    top_p: float = _option(1.0, "with sampling: draw among the fewest most probable tokens whose probabilities sum "
+                           "to at least P (the nucleus)", "P")
     temperature: float = _option(1.0, "with sampling: divide the logits by T (default 1)", "T")
     """With sampling: divide the logits by this (< 1 sharper, > 1 flatter; towards 0 it becomes greedy)."""
     seed: int = _option(0, "with sampling: the random seed (same seed and line, same samples)")
