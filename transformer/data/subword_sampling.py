@@ -8,10 +8,12 @@ cache's layout (`token_cache.py`: flat id files with offsets, memory-mapped, ren
     RUN_DIR/subword_samples/epoch_{e}/
 
 by a background process that starts when epoch e - 1 starts (a new interpreter that imports neither torch nor the
-caller's main module): one thread, `CHUNK_PAIRS` pairs at a time, so its memory stays bounded whatever the corpus
-size. Epoch 0 trains on the token cache itself, so that a run starts as
-fast as without sampling. When a run moves to epoch e, the samples of earlier epochs are deleted; epoch e's is kept
-until then, so that `--resume` finds it (otherwise it is encoded again, to the same ids).
+caller's main module), `CHUNK_PAIRS` pairs at a time, so its memory stays bounded whatever the corpus size. With
+`data.subword_workers` 1 (the default) it encodes the chunks itself, on one thread; with more, a pool of that many
+processes encodes them, at most two chunks per process in flight, written in order. Epoch 0 trains on the token
+cache itself, so that a run starts as fast as without sampling. When a run moves to epoch e, the samples of earlier
+epochs are deleted; epoch e's is kept until then, so that `--resume` finds it (otherwise it is encoded again, to the
+same ids).
 
 The sampling (`SubwordSampler`) is ours, driven by Python's `random.Random` seeded from (training.seed, epoch,
 chunk) (`chunk_seed`), because sentencepiece's own sampling cannot be reproduced: its generator (Abseil's BitGen)

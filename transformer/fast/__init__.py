@@ -1,20 +1,24 @@
-"""Speed paths for decoding on the CPU, apart from the readable model of `transformer/model/`.
+"""Speed paths on the CPU, for decoding and for training, apart from the readable model of `transformer/model/`.
 
 A reader who skips this package loses nothing of the model: each decoder here computes what
-`Transformer.decode_step` computes and is tested equal to it. The searches (`transformer/decoding/`) are typed
-against `decoding.IncrementalDecoder` (`encode`, `new_cache`, `decode_step`, `config`), which the readable
-`Transformer` and every decoder here implement.
+`Transformer.decode_step` computes and is tested equal to it, and training's faster dropout keeps each element
+with `nn.Dropout`'s probability, rounded to a multiple of 1/65,536 (tested in distribution). The searches
+(`transformer/decoding/`) are typed against `decoding.IncrementalDecoder` (`encode`, `new_cache`, `decode_step`,
+`config`), which the readable `Transformer` and every decoder here implement.
 
 * `cpu.py`: `CPUDecoder`, the eager decoder `Translator` uses on the CPU: weight layouts, optional int8, the
   memory shared by a sentence's beams, attention on the cache in three operations.
 * `layout.py`: column-major weights, the oneDNN output projection (`PackedLinear`), int8 dynamic quantization.
 * `cache.py`: `CPUDecoder`'s preallocated key/value buffers.
-* `compiled.py`: `CompiledDecoder`, `CPUDecoder`'s step compiled by torch.compile (`--compile`).
+* `compiled.py`: `CompiledDecoder`, `CPUDecoder`'s step compiled by torch.compile (`--compile`); `uncompiled`,
+  the module inside torch.compile's wrapper (the training step's DDP module).
 * `reductions.py`: `row_argmax` and `row_topk`, the searches' reductions over the vocabulary.
+* `dropout.py`: a faster CPU dropout mask for training, swapped into the model by the trainer's one call
+  `use_fast_cpu_dropout(model)` (the model itself uses `nn.Dropout`); docs/training.md.
 
-Only this package uses private PyTorch APIs (`torch.ops.mkldnn`, `torch._dynamo`, `torch._inductor`) and
-`torch.ao`'s quantization; `tests/test_layout.py` checks it. Why each path exists and what it gains:
-docs/decoding.md.
+Only this package uses private PyTorch APIs (`torch.ops.mkldnn`, `torch._dynamo`, `torch._inductor`, the
+`_orig_mod` attribute of torch.compile's wrapper) and `torch.ao`'s quantization; `tests/test_layout.py` checks it.
+Why each decoding path exists and what it gains: docs/decoding.md.
 """
 
 from __future__ import annotations

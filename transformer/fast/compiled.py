@@ -307,3 +307,9 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
+
+
+def uncompiled(module: nn.Module) -> nn.Module:
+    """The module that `torch.compile(module)` wrapped, or `module` itself when it was not compiled. (The wrapper
+    keeps it in a private attribute, `_orig_mod`; the training step reaches the DDP module inside this way.)"""
+    return getattr(module, "_orig_mod", module)

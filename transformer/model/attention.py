@@ -21,14 +21,13 @@ Mask convention (one for the whole project):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from .dropout import dropout
 
 
 def make_key_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -81,7 +80,7 @@ def allowed_positions(key_padding_mask: Optional[Tensor], attn_mask: Optional[Te
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allowed: Optional[Tensor] = None,
-                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+                                 dropout: Optional[Callable[[Tensor], Tensor]] = None) -> tuple[Tensor, Tensor]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out (§3.2.1, eq. 1).
 
     This is the explicit path that also returns the weights (for visualization and tests); the fused
@@ -92,7 +91,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allo
         key: `(batch, n_heads, k_len, d_head)`.
         value: `(batch, n_heads, k_len, d_head)`.
         allowed: bool, broadcastable to `(batch, n_heads, q_len, k_len)`, True where attention is allowed.
-        dropout_p: dropout probability on the weights (0 in eval mode).
+        dropout: applied to the weights before they weigh the values (an `nn.Dropout`), or None.
 
     Returns:
         output `(batch, n_heads, q_len, d_head)` and weights `(batch, n_heads, q_len, k_len)`; each row of
@@ -105,7 +104,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allo
     if allowed is not None:
         # A fully masked row is softmax(-inf, ..., -inf) = NaN; it attends to nothing instead.
         weights = weights.masked_fill(~allowed, 0.0)
-    output = dropout(weights, dropout_p) @ value  # (batch, n_heads, q_len, d_head)
+    output = (dropout(weights) if dropout is not None else weights) @ value  # (batch, n_heads, q_len, d_head)
     return output, weights
 
 
@@ -113,18 +112,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, allo
 class KVCache:
     """Keys and values of one attention layer kept across decoding steps (incremental decoding).
 
-    Self-attention appends the new positions' keys and values at each step; encoder-decoder attention
-    (`is_static=True`) projects the memory once, at the first step, and reuses it.
+    Self-attention appends the new positions' keys and values at each step; encoder-decoder attention fills it
+    once, at the first step, with the memory's keys and values, and reuses them.
 
     Attributes:
         key: `(batch, n_heads, cached_len, d_head)`, or None before the first step.
         value: `(batch, n_heads, cached_len, d_head)`, or None before the first step.
-        is_static: True for encoder-decoder attention.
     """
 
     key: Optional[Tensor] = None
     value: Optional[Tensor] = None
-    is_static: bool = False
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Store new positions' keys and values `(batch, n_heads, new_len, d_head)` after the cached ones; returns
@@ -144,8 +141,8 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     Reference: Vaswani et al. 2017, §3.2.2. The h per-head projections are stored as one d_model x d_model
-    matrix each for Q, K and V (the heads are column blocks), packed into `in_proj` so that self-attention
-    projects Q, K and V with one matrix multiplication.
+    matrix each for Q, K and V (the heads are column blocks), packed into `in_proj`: self-attention projects
+    Q, K and V with one matrix multiplication, encoder-decoder attention K and V of the memory with one.
 
     Args:
         d_model: model width.
@@ -156,14 +153,19 @@ class MultiHeadAttention(nn.Module):
         ValueError: if d_model is not divisible by n_heads.
     """
 
+    explicit_dropout: bool = False
+    """A hook for training speed, off here: when True, training with attention dropout takes the explicit path
+    and applies `self.dropout` to its weights, instead of the fused kernel's own dropout. `fast.dropout`'s
+    `use_fast_cpu_dropout` turns it on together with a faster CPU dropout kernel in `self.dropout`."""
+
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.attention_dropout = attention_dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.dropout = nn.Dropout(attention_dropout)  # on the attention weights (not in the paper)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -179,66 +181,64 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (batch, n_heads, len, d_head)
 
-    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Q W^Q, K W^K and V W^V (biases added), split into heads: `(batch, n_heads, len, d_head)` each.
-
-        Self-attention (query, key and value the same tensor) takes one matrix product with `in_proj`;
-        encoder-decoder attention (key and value the same tensor) two: W^Q, and W^K and W^V together.
-        """
-        d = self.d_model
-        weight, bias = self.in_proj.weight, self.in_proj.bias
-        if query is key and key is value:
-            q, k, v = self.in_proj(query).chunk(3, dim=-1)  # each (batch, q_len, d_model)
-        else:
-            q = F.linear(query, weight[:d], bias[:d])
-            if key is value:
-                k, v = F.linear(key, weight[d:], bias[d:]).chunk(2, dim=-1)
-            else:
-                k = F.linear(key, weight[d:2 * d], bias[d:2 * d])
-                v = F.linear(value, weight[2 * d:], bias[2 * d:])
+    def project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's x W^Q, x W^K and x W^V (biases added) with one product by `in_proj`, split into heads:
+        `(batch, n_heads, len, d_head)` each."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # each (batch, len, d_model)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+    def project_query(self, x: Tensor) -> Tensor:
+        """Encoder-decoder attention's queries x W^Q (bias added), split into heads: `(batch, n_heads, len, d_head)`."""
+        d = self.d_model
+        return self.split_heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder attention's keys memory W^K and values memory W^V (biases added) with one product, split
+        into heads: `(batch, n_heads, src_len, d_head)` each."""
+        d = self.d_model
+        k, v = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(self, x: Tensor, memory: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None, is_causal: bool = False, cache: Optional[KVCache] = None,
                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        """Attend from `query` to `key`/`value`.
+        """Self-attention over `x` (memory None), or encoder-decoder attention from `x` to `memory`.
 
         Args:
-            query: `(batch, q_len, d_model)`.
-            key: `(batch, k_len, d_model)`; pass the same tensor as `query` for self-attention and the
-                same tensor as `value` for encoder-decoder attention (both save projections).
-            value: `(batch, k_len, d_model)`.
+            x: `(batch, q_len, d_model)`: the queries, and in self-attention the keys and values too.
+            memory: `(batch, k_len, d_model)`, the encoder output: the keys and values of encoder-decoder
+                attention; None for self-attention.
             key_padding_mask: `(batch, k_len)` bool, True at padded keys (all keys, cached ones included).
             attn_mask: `(q_len, k_len)` bool, True where blocked, e.g. `causal_mask(tgt_len)`.
             is_causal: shortcut for `attn_mask=causal_mask(q_len)` when q_len == k_len (no cache); lets the
                 fused kernel skip building the mask. Ignored when `attn_mask` is given.
-            cache: a `KVCache`; self-attention appends this call's keys/values to it, static
-                (encoder-decoder) attention fills it once and then ignores `key` and `value`.
+            cache: a `KVCache`; self-attention appends this call's keys/values to it, encoder-decoder attention
+                fills it with the memory's at the first call and then reads them from it (ignoring `memory`).
             need_weights: if True, take the explicit path and also return the attention weights.
 
         Returns:
             output `(batch, q_len, d_model)` and, if need_weights, the weights
             `(batch, n_heads, q_len, k_len)` (else None).
         """
-        if cache is not None and cache.is_static and cache.key is not None:
-            d = self.d_model
-            q = self.split_heads(F.linear(query, self.in_proj.weight[:d], self.in_proj.bias[:d]))
-            k, v = cache.key, cache.value
-        else:
-            q, k, v = self.project(query, key, value)
-            if cache is not None and cache.is_static:
-                cache.key, cache.value = k, v
-            elif cache is not None:
-                k, v = cache.append(k, v)  # (batch, n_heads, cached_len + k_len, d_head)
-        dropout_p = self.attention_dropout if self.training else 0.0
-        # F.scaled_dot_product_attention draws its CPU dropout mask with bernoulli_, several times slower than
-        # `dropout` (model/dropout.py): CPU training with attention dropout takes the explicit path.
-        explicit = need_weights or (dropout_p > 0.0 and q.device.type == "cpu")
+        if memory is None:  # self-attention: queries, keys and values from x
+            q, k, v = self.project_self(x)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (batch, n_heads, cached_len + q_len, d_head)
+        else:  # encoder-decoder attention: queries from x, keys and values from the memory
+            q = self.project_query(x)
+            if cache is not None and cache.key is not None:
+                k, v = cache.key, cache.value
+            else:
+                k, v = self.project_memory(memory)
+                if cache is not None:
+                    cache.key, cache.value = k, v
+        dropout_p = self.dropout.p if self.training else 0.0
+        explicit = need_weights or (self.explicit_dropout and dropout_p > 0.0)
         if is_causal and attn_mask is None and (explicit or key_padding_mask is not None):
             attn_mask = causal_mask(q.size(2), k.size(2), device=q.device)
         allowed = allowed_positions(key_padding_mask, attn_mask)
         if explicit:
-            out, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p)
+            out, weights = scaled_dot_product_attention(q, k, v, allowed, self.dropout)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
                                                  is_causal=is_causal and allowed is None)

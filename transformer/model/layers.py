@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .dropout import Dropout
 
 
 class TokenEmbedding(nn.Module):
@@ -136,7 +135,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, src_key_padding_mask: Optional[Tensor] = None,
@@ -150,7 +149,7 @@ class EncoderLayer(nn.Module):
             `(batch, src_len, d_model)` and the weights `(batch, n_heads, src_len, src_len)` or None.
         """
         h = self.norm1(x) if self.norm_first else x
-        h, weights = self.self_attn(h, h, h, key_padding_mask=src_key_padding_mask, need_weights=need_weights)
+        h, weights = self.self_attn(h, key_padding_mask=src_key_padding_mask, need_weights=need_weights)
         x = residual(x, self.dropout(h), self.norm1, self.norm_first)
         h = self.feed_forward(self.norm2(x) if self.norm_first else x)
         return residual(x, self.dropout(h), self.norm2, self.norm_first), weights
@@ -170,7 +169,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,
@@ -194,12 +193,12 @@ class DecoderLayer(nn.Module):
             encoder-decoder weights `(batch, n_heads, tgt_len, src_len)` (None unless need_weights).
         """
         h = self.norm1(x) if self.norm_first else x
-        h, self_weights = self.self_attn(h, h, h, key_padding_mask=tgt_key_padding_mask, attn_mask=attn_mask,
+        h, self_weights = self.self_attn(h, key_padding_mask=tgt_key_padding_mask, attn_mask=attn_mask,
                                          is_causal=is_causal, cache=self_cache, need_weights=need_weights)
         x = residual(x, self.dropout(h), self.norm1, self.norm_first)
         h = self.norm2(x) if self.norm_first else x
-        h, cross_weights = self.cross_attn(h, memory, memory, key_padding_mask=memory_key_padding_mask,
-                                           cache=cross_cache, need_weights=need_weights)
+        h, cross_weights = self.cross_attn(h, memory, key_padding_mask=memory_key_padding_mask, cache=cross_cache,
+                                           need_weights=need_weights)
         x = residual(x, self.dropout(h), self.norm2, self.norm_first)
         h = self.feed_forward(self.norm3(x) if self.norm_first else x)
         return residual(x, self.dropout(h), self.norm3, self.norm_first), self_weights, cross_weights

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 from ..config import PAD_ID, TransformerConfig
 from .attention import KVCache, causal_mask, make_key_padding_mask
-from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, TokenEmbedding
 
 
@@ -26,7 +25,7 @@ class DecoderCache:
 
     Attributes:
         self_attention: one appending `KVCache` per decoder layer.
-        cross_attention: one static `KVCache` per decoder layer (the memory projected once).
+        cross_attention: one `KVCache` per decoder layer, filled once with the memory's keys and values.
         memory: `(batch, src_len, d_model)` encoder output, one row per decoded row.
         memory_key_padding_mask: `(batch, src_len)` bool, True at source padding, or None.
         length: positions already decoded (the next position's index).
@@ -77,7 +76,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional_encoding = SinusoidalPositionalEncoding(config.d_model, config.max_positions)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, config.attention_dropout,
                          config.activation, config.norm_first) for _ in range(config.n_encoder_layers))
@@ -108,7 +107,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional_encoding = SinusoidalPositionalEncoding(config.d_model, config.max_positions)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, config.attention_dropout,
                          config.activation, config.norm_first) for _ in range(config.n_decoder_layers))
@@ -283,7 +282,7 @@ class Transformer(nn.Module):
         if beam_size > 1:
             memory = memory.repeat_interleave(beam_size, dim=0)  # (batch * beam_size, src_len, d_model)
             mask = None if mask is None else mask.repeat_interleave(beam_size, dim=0)
-        return DecoderCache([KVCache() for _ in range(n)], [KVCache(is_static=True) for _ in range(n)], memory, mask)
+        return DecoderCache([KVCache() for _ in range(n)], [KVCache() for _ in range(n)], memory, mask)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """One step of incremental decoding: the next position of every row (`decoding.IncrementalDecoder`).

@@ -42,6 +42,8 @@ from ..config import Config, ConfigError, save_config
 from ..data import Batch
 from ..data.subword_sampling import SampledEpochs
 from ..device import resolve_device, resolve_precision
+from ..fast.compiled import uncompiled
+from ..fast.dropout import use_fast_cpu_dropout
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
@@ -170,6 +172,8 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         model.load_state_dict(init.model_state)
         logger.info("fine-tuning: weights and tokenizer from %s (sha256 %s)", init.path, init.sha256[:16])
     model = model.to(device)
+    if device.type == "cpu":
+        use_fast_cpu_dropout(model)  # nn.Dropout -> a faster CPU mask (fast/dropout.py); the same model otherwise
     optimizer = build_optimizer(model, config.training, device)
     # fp16 is never what precision "auto" resolves to: whether the run has a loss scaler is known here.
     scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
@@ -227,7 +231,7 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
     total_loss = total_nll = 0.0
     device_type = batches[0].src.device.type
     dtype = _AUTOCAST_DTYPES.get(config.training.precision)
-    ddp = getattr(module, "_orig_mod", module)  # torch.compile's wrapper holds the DDP module
+    ddp = uncompiled(module)  # torch.compile's wrapper holds the DDP module
     is_ddp = isinstance(ddp, DistributedDataParallel)
     for i, batch in enumerate(batches):
         skip_sync = is_ddp and i < len(batches) - 1  # no all-reduce on the accumulation steps

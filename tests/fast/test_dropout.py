@@ -1,8 +1,10 @@
 import pytest
 import torch
+from torch import nn
 
+from tests.conftest import tiny_model
+from transformer.fast.dropout import FastCPUDropout, dropout, keep_mask, use_fast_cpu_dropout
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.dropout import Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -57,7 +59,7 @@ def test_identity_in_eval_mode_and_at_zero():
     x = torch.randn(10, 10)
     assert dropout(x, 0.3, training=False) is x
     assert dropout(x, 0.0) is x
-    module = Dropout(0.3).eval()
+    module = FastCPUDropout(0.3).eval()
     assert module(x) is x
     assert not torch.equal(module.train()(x), x)
 
@@ -70,31 +72,71 @@ def test_dtype_is_kept():
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
 def test_bad_probability_is_refused(p):
     with pytest.raises(ValueError, match="dropout probability"):
-        Dropout(p)
+        FastCPUDropout(p)
     with pytest.raises(ValueError, match="dropout probability"):
         dropout(torch.ones(3), p)
 
 
-def test_attention_dropout_on_cpu_goes_through_our_dropout_in_training_only(monkeypatch):
-    # On CPU, training with attention dropout takes the explicit path with `dropout` on the weights
+def test_the_swap_replaces_every_dropout_and_keeps_the_state_dict():
+    model = tiny_model(seed=0, dropout=0.1, attention_dropout=0.2)
+    state = model.state_dict()
+    plain = [(name, m.p) for name, m in model.named_modules() if isinstance(m, nn.Dropout)]
+    assert plain and not any(isinstance(m, FastCPUDropout) for m in model.modules())
+    use_fast_cpu_dropout(model)
+    swapped = [(name, m.p) for name, m in model.named_modules() if isinstance(m, FastCPUDropout)]
+    assert swapped == plain
+    assert all(m.explicit_dropout for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert list(model.state_dict()) == list(state)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_the_swapped_model_is_unchanged_in_eval_mode():
+    model = tiny_model(seed=0, dropout=0.1, attention_dropout=0.2).eval()
+    src, tgt = torch.randint(4, 23, (3, 7)), torch.randint(4, 29, (3, 5))
+    expected = model(src, tgt)
+    use_fast_cpu_dropout(model)
+    assert not model.training and not any(m.training for m in model.modules())
+    assert torch.equal(model(src, tgt), expected)
+
+
+def test_attention_dropout_goes_through_the_fast_kernel_in_training_only(monkeypatch):
+    # After the swap, training with attention dropout takes the explicit path with `dropout` on the weights
     # `(batch, n_heads, q_len, k_len)`; in eval mode dropout is off, so two calls agree.
-    import transformer.model.attention as attention
+    import transformer.fast.dropout as fast_dropout
 
     calls = []
 
     def recording_dropout(x, p, training=True):
-        calls.append((tuple(x.shape), p))
+        calls.append((tuple(x.shape), p, training))
         return dropout(x, p, training)
 
-    monkeypatch.setattr(attention, "dropout", recording_dropout)
+    monkeypatch.setattr(fast_dropout, "dropout", recording_dropout)
     torch.manual_seed(5)
     attn = MultiHeadAttention(d_model=16, n_heads=4, attention_dropout=0.5)
+    use_fast_cpu_dropout(attn)
     x = torch.randn(3, 6, 16)
     attn.train()
-    out_train, _ = attn(x, x, x)
-    assert calls == [((3, 4, 6, 6), 0.5)]
+    out_train, _ = attn(x)
+    assert calls == [((3, 4, 6, 6), 0.5, True)]
     attn.eval()
-    out_eval, _ = attn(x, x, x)
+    out_eval, _ = attn(x)
     assert not torch.allclose(out_train, out_eval)
-    torch.testing.assert_close(attn(x, x, x)[0], out_eval)
-    assert all(p == 0.0 for _, p in calls[1:])  # eval mode: the explicit path (if taken) drops nothing
+    torch.testing.assert_close(attn(x)[0], out_eval)
+    assert len(calls) == 1  # eval mode: the fused path, no dropout drawn
+
+
+def test_without_the_swap_attention_dropout_stays_in_the_fused_kernel(monkeypatch):
+    import torch.nn.functional as F
+
+    import transformer.model.attention as attention
+
+    seen, fused = [], F.scaled_dot_product_attention
+
+    def recording_sdpa(*args, dropout_p=0.0, **kwargs):
+        seen.append(dropout_p)
+        return fused(*args, dropout_p=dropout_p, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording_sdpa)
+    attn = MultiHeadAttention(d_model=16, n_heads=4, attention_dropout=0.5).train()
+    attn(torch.randn(3, 6, 16))
+    assert seen == [0.5]

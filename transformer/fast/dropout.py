@@ -1,6 +1,7 @@
-"""Dropout (Srivastava et al. 2014; the Transformer's P_drop, Vaswani et al. 2017 §5.4) with a faster CPU mask.
+"""A faster dropout for training on the CPU, swapped into the readable model by `use_fast_cpu_dropout`.
 
-`torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`: one 32-bit Mersenne-Twister number per
+The model's layers use `nn.Dropout` (Srivastava et al. 2014; the Transformer's P_drop, Vaswani et al. 2017 §5.4),
+whose CPU mask `torch.nn.functional.dropout` draws with `bernoulli_`: one 32-bit Mersenne-Twister number per
 element, converted and compared one at a time on one thread, a noticeable share of a CPU training step
 (docs/training.md). Here the mask comes from 16 random bits per element instead: one 64-bit draw
 gives four elements, and the comparison runs vectorised. Element i is kept when its 16 bits, read as a signed
@@ -9,7 +10,8 @@ drop rate is p rounded to a multiple of 1/65,536 (0.1 becomes 0.1000061). Kept e
 1 / (1 - p) ("inverted dropout", as in PyTorch). The random bits come from torch's default generator, so
 `torch.manual_seed` and the RNG state saved in checkpoints (exact resume) cover them.
 
-On other devices (CUDA, MPS) `F.dropout` is used unchanged: its fused kernels are already fast there.
+On other devices (CUDA, MPS) `F.dropout` is used unchanged: its fused kernels are already fast there, and the
+training code swaps this module in on the CPU only.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..model.attention import MultiHeadAttention
 
 _INT64_MIN = -(2 ** 63)
 
@@ -84,7 +88,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
 
 
-class Dropout(nn.Module):
+class FastCPUDropout(nn.Dropout):
     """`nn.Dropout` with the faster CPU mask of `dropout` (module docstring); identity in eval mode.
 
     Args:
@@ -95,12 +99,28 @@ class Dropout(nn.Module):
     """
 
     def __init__(self, p: float) -> None:
-        super().__init__()
         _check_probability(p)
-        self.p = p
+        super().__init__(p)
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
 
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
+
+def use_fast_cpu_dropout(model: nn.Module) -> None:
+    """Swap the faster CPU dropout into `model`, in place: what the training code calls before training on the CPU.
+
+    Every `nn.Dropout` becomes a `FastCPUDropout` of the same rate (and training mode), and every
+    `MultiHeadAttention` takes its explicit path when it drops attention weights (`explicit_dropout`), so that
+    they go through this kernel too: `F.scaled_dot_product_attention` draws its CPU dropout mask with `bernoulli_`,
+    several times slower. Parameters, buffers and the state_dict are unchanged (dropout has none), and so is
+    evaluation (dropout is off there).
+
+    Args:
+        model: a module holding `nn.Dropout` and `MultiHeadAttention` modules, e.g. a `Transformer`.
+    """
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Dropout:
+                setattr(module, name, FastCPUDropout(child.p).train(child.training))
+        if isinstance(module, MultiHeadAttention):
+            module.explicit_dropout = True
