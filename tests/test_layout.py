@@ -18,11 +18,13 @@ ORDER = [
     "fast.reductions", "fast.cache", "fast.layout", "fast.cpu", "fast.compiled", "fast.dropout", "fast",
     "tokenizer", "data.text", "data.datasets", "data.batching", "data.token_cache", "data.subword_sampling", "data",
     "files", "hf",
-    "checkpoint",
-    "decoding.interface", "decoding.ngram", "decoding.greedy", "decoding.beam", "decoding.sampling",
-    "decoding.ensemble", "decoding.alignment", "decoding.options",
-    "decoding", "passthrough", "translate", "evaluate", "ct2",
-    "attention_plot", "plot", "serve.batching", "serve.app", "serve.server", "serve",
+    "checkpoint", "ct2",
+    "decoding.interface", "decoding.hypothesis", "decoding.ngram", "decoding.rules", "decoding.greedy",
+    "decoding.beam", "decoding.sampling", "decoding.search", "decoding.ensemble", "decoding.alignment",
+    "decoding.options", "decoding",
+    "engines.base", "engines.pytorch", "engines.ctranslate2", "engines.open", "engines",
+    "passthrough", "translate", "evaluate",
+    "attention_plot", "plot", "serve.batching", "serve.service", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
     "training.checkpoint", "training.stop", "training.init_from", "training.validate", "training.tensorboard",
     "training.trainer",
@@ -30,8 +32,8 @@ ORDER = [
     "", "cli", "__main__",
 ]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
-                     "transformer.ct2", "transformer.attention_plot", "transformer.decoding", "transformer.model",
-                     "transformer.fast"] + (["transformer.serve"] if importlib.util.find_spec("fastapi") else [])
+                     "transformer.ct2", "transformer.engines", "transformer.attention_plot", "transformer.decoding",
+                     "transformer.model", "transformer.fast"] + (["transformer.serve"] if importlib.util.find_spec("fastapi") else [])
 
 
 def _module_name(path: Path) -> str:
@@ -70,7 +72,7 @@ def test_the_check_above_sees_imports():
     """Guards the test above: it finds relative, absolute and function-level imports."""
     assert (1, "model.layers") in [(1, t) for _, t in _imports(PACKAGE / "model" / "transformer.py")]
     assert "training.trainer" in [t for _, t in _imports(PACKAGE / "cli.py")]  # imported inside a function
-    assert "fast" in [t for _, t in _imports(PACKAGE / "translate.py")]
+    assert "fast" in [t for _, t in _imports(PACKAGE / "engines" / "pytorch.py")]
 
 
 def test_the_inference_path_imports_nothing_from_training():
