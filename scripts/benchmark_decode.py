@@ -11,9 +11,9 @@ pieces (eos forbidden before 20, cut at 20), so that engines are compared on equ
 say. With --ctranslate2 DIR (a folder from `transformer export`), the same modes run through
 `ctranslate2.Translator.translate_batch` on the same source pieces with the same threads, and the summary gives our
 speed over CTranslate2's per mode and batch size. With --int8 our decoder also runs with int8 dynamically quantized
-linear layers (`Translator(..., quantization="int8")`, engine "ours int8"), and with --compile with the decoding
-step compiled by torch.compile (`Translator(..., compile=True)`, engine "ours compiled", compiled before the timed
-rounds), compared the same way.
+linear layers (`Translator.from_checkpoint(..., quantization="int8")`, engine "ours int8"), and with --compile with
+the decoding step compiled by torch.compile (`Translator.from_checkpoint(..., compile=True)`, engine "ours
+compiled", compiled before the timed rounds), compared the same way.
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:
@@ -29,7 +29,7 @@ A last line {"summary": ...} gives, over the --repeat rounds, each setting's fas
 CTranslate2's (fastest round against fastest round; with
 --interleave also each round's ratio, both engines timed in that round).
 With --workers N (default 1) both engines decode N batches at once, each on threads / N threads: ours through
-`Translator(..., workers=N)`, CTranslate2 with inter_threads=N and intra_threads=threads / N.
+`Translator.from_checkpoint(..., workers=N)`, CTranslate2 with inter_threads=N and intra_threads=threads / N.
 With --interleave the engines take turns batch by batch instead of file by file: the sentences, sorted longest
 first, are cut into slices of batch_size x workers, every engine decodes each slice in turn (after a 50 ms pause),
 and each engine's seconds are summed over the slices. On a shared host whose speed drifts by +-20% within minutes,

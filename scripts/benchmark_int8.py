@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from transformer import Translator  # noqa: E402
-from transformer.ct2 import CTranslate2Translator  # noqa: E402
 
 
 def longest_run(tokens: list[int]) -> int:
@@ -46,7 +45,7 @@ def main() -> None:
     engines = {"float32": Translator.from_checkpoint(args.checkpoint),
                "int8": Translator.from_checkpoint(args.checkpoint, quantization="int8")}
     if args.ct2_int8:
-        engines["ctranslate2 int8"] = CTranslate2Translator(args.ct2_int8)
+        engines["ctranslate2 int8"] = Translator.from_checkpoint(args.ct2_int8)  # a CTranslate2 folder
     tokenizer = engines["float32"].tokenizer
     looping: dict[tuple[int, int], set[int]] = {}
     reference: dict[tuple[int, int], list[str]] = {}  # float32's outputs

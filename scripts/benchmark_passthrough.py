@@ -29,7 +29,7 @@ import sacrebleu
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from transformer.ct2 import open_translator  # noqa: E402
+from transformer.translate import Translator  # noqa: E402
 
 SPANS = ["\U0001F606", "\U0001F6B2", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\U0001F1E9\U0001F1EA", "\u732b",
          "\U0001F44D\U0001F3FD", "\U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F",
@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = gzip.open(Path(args.data) / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")
     cases = build_set([line for line in lines if line.strip()][:args.n])
-    translator = open_translator(args.checkpoint)  # a checkpoint or a CTranslate2 folder
+    translator = Translator.from_checkpoint(args.checkpoint)  # a checkpoint or a CTranslate2 folder
     clean = [" ".join(t.split()) for t in translator.translate([c for _, c, _ in cases], beam_size=args.beam_size)]
     result = {"checkpoint": args.checkpoint, "sentences": len(cases), "spans": sum(len(s) for _, _, s in cases),
               "beam_size": args.beam_size}

@@ -88,6 +88,7 @@ from benchmark_train import training_flops  # noqa: E402
 
 from transformer.config import load_config  # noqa: E402
 from transformer.device import matmul_seconds  # noqa: E402
+from transformer.engines import PyTorchEngine  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.tokenizer import Tokenizer  # noqa: E402
 from transformer.training.data import epoch_batches, prepare_data  # noqa: E402
@@ -289,7 +290,7 @@ def measure_decoding(model: Transformer, tokenizer: Tokenizer, config_path: str,
     config = load_config(config_path, sets)
     with open(corpus / f"train.{config.data.src_lang}", encoding="utf-8") as f:
         sentences = [next(f).strip() for _ in range(n_sentences)]
-    translator = Translator(model, tokenizer, config, device=device)
+    translator = Translator(PyTorchEngine(model, tokenizer, config, device=device))
     rows = []
     for beam_size in (1, 4):
         for batch_size in (64, 256):

@@ -61,7 +61,7 @@ def main() -> None:
         batch = tokenizer(src[:32], return_tensors="pt", padding=True)
         tgt_in = torch.tensor([[2] + ours.tokenizer.encode_tgt([r])[0][:20] for r in ref[:1]] * 32)
         hf_logits = hf(**batch, decoder_input_ids=tgt_in).logits
-        our_logits = ours.model(batch.input_ids, tgt_in)
+        our_logits = ours.engine.attention_model(batch.input_ids, tgt_in)
     max_diff = (hf_logits - our_logits).abs().max().item()
 
     def generate(num_beams: int) -> tuple[list[str], list[str]]:

@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from transformer import Transformer, TransformerConfig  # noqa: E402
+from transformer.config import DecodingConfig  # noqa: E402
 
 PAD = 0
 
@@ -28,6 +29,18 @@ def tiny_config(**changes) -> TransformerConfig:
 def tiny_model(seed: int = 0, **changes) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(tiny_config(**changes)).eval()
+
+
+def search_options(**changes) -> DecodingConfig:
+    """The `DecodingConfig` for calling a search (`decoding.search`, `greedy_decode`, `beam_search`, `sample_decode`)
+    directly, with the keyword defaults those functions had before they took the whole section: max_repeat 0 (no
+    limit; DecodingConfig's own default is 3) and, when sampling, beam_size 1; otherwise DecodingConfig's defaults
+    (beam_size 4, length_penalty 0.6, n_best 1, max_len_a 1.5, max_len_b 10, min_len 0, no_repeat_ngram_size 0).
+    With sampling, n_best is the number of samples per sentence."""
+    values = {"max_repeat": 0, **changes}
+    if values.get("sampling"):
+        values.setdefault("beam_size", 1)
+    return DecodingConfig(**values)
 
 
 def longest_run(tokens: list) -> int:

@@ -69,3 +69,23 @@ def test_padded_source_positions_get_zero_weight():
         torch.testing.assert_close(layer.sum(-1), torch.ones_like(layer.sum(-1)))
     for layer in weights.cross:
         assert (layer[1, :, :, 3:] == 0).all()
+
+
+def test_the_translation_shown_takes_the_decoding_flags(ckpt, tmp_path, capsys):
+    """`transformer attention` takes translate's decoding flags but --n-best (default: greedy); `run(options=...)`
+    is what they reach: the translation shown is the one translate gives with them."""
+    from transformer.translate import Translator
+
+    sentence = "Ein Hund läuft im Park."
+    translator = Translator.from_checkpoint(ckpt)
+    out = tmp_path / "a.json"
+    for flags, options in (([], dict(beam_size=1)), (["--beam-size", "4"], dict(beam_size=4)),
+                           (["--max-len-a", "0", "--max-len-b", "2"], dict(beam_size=1, max_len_a=0.0, max_len_b=2))):
+        assert main(["attention", "--checkpoint", ckpt, sentence, "--out", str(out), *flags]) == 0
+        assert json.loads(out.read_text())["translation"] == translator.translate([sentence], **options)[0], flags
+    assert len(translator.tokenizer.encode_tgt([json.loads(out.read_text())["translation"]])[0]) <= 2
+    run(ckpt, sentence, str(out), options={"beam_size": 4})
+    assert json.loads(out.read_text())["translation"] == translator.translate([sentence], beam_size=4)[0]
+    with pytest.raises(SystemExit):
+        main(["attention", "--checkpoint", ckpt, sentence, "--out", str(out), "--n-best", "2"])
+    assert "unrecognized arguments: --n-best" in capsys.readouterr().err

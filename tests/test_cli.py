@@ -211,6 +211,27 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, multi30k_subset):
     assert result.returncode == 2 and "missing.pt: checkpoint not found" in result.stderr
 
 
+def test_a_folder_that_is_not_a_model_is_refused_in_one_line(tmp_path, capsys):
+    """Neither a CTranslate2 export nor a MarianMT folder (nor a .pt file): `open_engine` says what it expected, in
+    one line, and `transformer translate` prints that line and exits 2."""
+    from transformer.engines import open_engine
+    from transformer.files import CheckpointError
+    from transformer.translate import Translator
+
+    folder = tmp_path / "some_dir"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')  # a Hugging Face folder of another kind
+    for opener in (open_engine, Translator.from_checkpoint):
+        with pytest.raises(CheckpointError) as err:
+            opener(folder)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(f"{folder} is a folder but not a model"), message
+        assert all(what in message for what in (".pt checkpoint", "CTranslate2 export", "MarianMT folder")), message
+    assert main(["translate", "--checkpoint", str(folder), "x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"error: {message}\n"
+
+
 def test_bad_device_and_evaluate_overrides_are_user_errors(trained_run, capsys):
     ckpt = str(trained_run / "checkpoints" / "best.pt")
     assert main(["translate", "--checkpoint", ckpt, "--device", "cuda:7", "Hallo"]) == 2

@@ -62,13 +62,13 @@ def test_force_replaces_only_an_earlier_export(exported, trained_run, tmp_path, 
 
 
 def test_ctranslate2_decodes_like_our_decoder(exported, trained_run, multi30k_subset):
-    from transformer.ct2 import CTranslate2Translator
+    from transformer.engines import CTranslate2Engine
     from transformer.translate import Translator
 
     src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:100]
     ref = gzip.open(multi30k_subset / "test_2016_flickr.en.gz", "rt", encoding="utf-8").read().split("\n")[:100]
     ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
-    theirs = CTranslate2Translator(exported, threads=1)
+    theirs = Translator(CTranslate2Engine(exported, threads=1))
     for beam_size, max_bleu_gap in ((1, 0.1), (4, 0.2)):
         a, b = ours.translate(src, beam_size=beam_size), theirs.translate(src, beam_size=beam_size)
         bleu_a, bleu_b = (sacrebleu.corpus_bleu(h, [ref]).score for h in (a, b))
@@ -89,12 +89,12 @@ def test_outputs_cut_at_the_length_cap_are_scored_and_ranked_as_ours(exported, t
                                                                      caplog):
     """With a cap of 4 pieces nearly every output is cut: its score has no eos (CTranslate2's rescoring adds one),
     the n-best lists are ordered as ours, and the cut outputs are counted in a warning."""
-    from transformer.ct2 import CTranslate2Translator
+    from transformer.engines import CTranslate2Engine
     from transformer.translate import Translator
 
     src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:20]
     ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
-    theirs = CTranslate2Translator(exported, threads=1)
+    theirs = Translator(CTranslate2Engine(exported, threads=1))
     fixed, mixed = dict(max_len_a=0.0, max_len_b=4), dict(max_len_a=0.3, max_len_b=2)  # mixed: a cap per sentence
     for cap, beam_size, n_best, alpha in ((fixed, 1, 1, 0.0), (fixed, 4, 4, 0.0), (fixed, 4, 3, 1.0),
                                           (mixed, 1, 1, 0.0)):
@@ -117,13 +117,13 @@ def test_outputs_cut_at_the_length_cap_are_scored_and_ranked_as_ours(exported, t
 def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(looping_checkpoint, multi30k_subset, tmp_path):
     """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences),
     on a model that repeats one piece to the length cap without the limit."""
-    from transformer.ct2 import CTranslate2Translator
+    from transformer.engines import CTranslate2Engine
     from transformer.translate import Translator
 
     assert main(["export", "--checkpoint", str(looping_checkpoint), "--format", "ctranslate2",
                  "--output", str(tmp_path / "ct2")]) == 0
     src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:40]
-    ours, theirs = Translator.from_checkpoint(looping_checkpoint), CTranslate2Translator(tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(looping_checkpoint), Translator(CTranslate2Engine(tmp_path / "ct2"))
     src_ids = ours.tokenizer.encode_src(src)
     free = ours.decode_ids(src_ids, ours.decoding_options(beam_size=1, max_repeat=0))
     assert all(longest_run(hyps[0].tokens) > 3 for hyps in free)
@@ -137,16 +137,39 @@ def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(looping_checkpoin
 
 
 def test_the_beam_length_normalisation_difference_is_told_once(exported, caplog):
-    from transformer.ct2 import CTranslate2Translator
+    from transformer.engines import CTranslate2Engine
+    from transformer.translate import Translator
 
-    theirs = CTranslate2Translator(exported)
-    with caplog.at_level(logging.WARNING, logger="transformer.ct2"):
+    theirs = Translator(CTranslate2Engine(exported))
+    with caplog.at_level(logging.WARNING, logger="transformer.engines.ctranslate2"):
         theirs.translate(["Ein Hund läuft."], beam_size=1)
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=0.0)
         assert "ranks beam hypotheses" not in caplog.text  # greedy, or no length penalty: the same search
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
     assert caplog.text.count("ranks beam hypotheses by log-probability / |Y|^1") == 1
+
+
+def test_without_scores_both_engines_give_nan(exported, trained_run, multi30k_subset):
+    """`scores=False` means the same on every engine: NaN scores, from greedy decoding, beam search and sampling
+    alike; the outputs are those asked for (greedy: the same texts as with scores)."""
+    from transformer.engines import CTranslate2Engine, PyTorchEngine
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:6]
+    ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    theirs = Translator.from_checkpoint(exported)
+    assert isinstance(ours.engine, PyTorchEngine) and isinstance(theirs.engine, CTranslate2Engine)
+    for translator in (ours, theirs):
+        for options in (dict(beam_size=1), dict(beam_size=4, n_best=2), dict(sampling=True, n_best=2, seed=3)):
+            without = translator.translate_n_best(src, scores=False, **options)
+            assert [len(hyps) for hyps in without] == [options.get("n_best", 1)] * len(src)
+            assert all(math.isnan(score) for hyps in without for _, score in hyps), (translator.engine.name, options)
+            assert all(text for hyps in without for text, _ in hyps)
+            with_scores = translator.translate_n_best(src, scores=True, **options)
+            assert all(math.isfinite(score) and score <= 0 for hyps in with_scores for _, score in hyps)
+            if options.get("beam_size") == 1:
+                assert [[t for t, _ in hyps] for hyps in without] == [[t for t, _ in hyps] for hyps in with_scores]
 
 
 def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run, capsys):
@@ -182,3 +205,13 @@ def test_quantization_flag_refused_for_an_exported_folder(exported, capsys):
     assert main(["translate", "--checkpoint", str(exported), "--quantization", "int8", "Ein Hund."]) == 2
     err = capsys.readouterr().err
     assert "--quantization int8" in err and "CTranslate2 folder" in err and "transformer export" in err
+
+
+def test_what_reads_our_attention_refuses_an_exported_folder_in_one_line(exported, tmp_path, capsys):
+    assert main(["translate", "--checkpoint", str(exported), "--alignment", "Ein Hund."]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--alignment reads our model's attention" in err[0], err
+    assert main(["attention", "--checkpoint", str(exported), "Ein Hund.", "--out", str(tmp_path / "a.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CTranslate2 folder has no attention to read" in err[0], err
+    assert not (tmp_path / "a.json").exists()

@@ -105,16 +105,22 @@ def test_server_fields(checkpoint, lines):
                            ({"top_k": 5}, "top_k")):
             response = client.post("/translate", json={"text": lines[:1], **bad})
             assert response.status_code == 422 and response.json()["field"] == field, response.text
-        response = client.post("/attention", json={"text": lines[0], "sampling": True})
-        assert response.status_code == 422 and response.json()["field"] == "sampling"
+        # /attention takes every decoding option but n_best (it shows one translation), sampling included
+        response = client.post("/attention", json={"text": lines[0], "sampling": True, "seed": 5, "top_k": 10})
+        assert response.status_code == 200, response.text
+        assert response.json()["translation"] == translator.translate(lines[:1], sampling=True, seed=5, top_k=10)[0]
+        response = client.post("/attention", json={"text": lines[0], "n_best": 2})
+        assert response.status_code == 422 and response.json()["field"] == "n_best", response.text
 
 
 def test_ctranslate2_takes_the_same_options(checkpoint, lines, tmp_path):
     pytest.importorskip("ctranslate2")
-    from transformer.ct2 import CTranslate2Translator, export_ctranslate2
+    from transformer.ct2 import export_ctranslate2
+    from transformer.engines import load_model
 
-    export_ctranslate2(checkpoint, tmp_path / "ct2")
-    ours, theirs = Translator.from_checkpoint(checkpoint), CTranslate2Translator(tmp_path / "ct2")
+    export_ctranslate2(*load_model(checkpoint), tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(checkpoint), Translator.from_checkpoint(tmp_path / "ct2")
+    assert theirs.engine.name == "ctranslate2"
     assert theirs.translate(lines, beam_size=1, no_repeat_ngram_size=2) == \
         ours.translate(lines, beam_size=1, no_repeat_ngram_size=2)
     assert theirs.translate(lines, sampling=True, top_k=1) == ours.translate(lines, beam_size=1)
@@ -152,24 +158,27 @@ def test_prefixes_from_the_api_the_cli_the_server_and_ctranslate2(checkpoint, li
         counts = client.get("/health").json()["batching"]  # decoded on its own, and counted
         assert (counts["requests"], counts["sentences"], counts["batches"]) == (1, 3, 1)
     pytest.importorskip("ctranslate2")
-    from transformer.ct2 import CTranslate2Translator, export_ctranslate2
+    from transformer.ct2 import export_ctranslate2
+    from transformer.engines import load_model
 
-    export_ctranslate2(checkpoint, tmp_path / "ct2")
+    export_ctranslate2(*load_model(checkpoint), tmp_path / "ct2")
     greedy = translator.translate(lines[:4], prefixes=prefixes, beam_size=1)
-    assert CTranslate2Translator(tmp_path / "ct2").translate(lines[:4], prefixes=prefixes, beam_size=1) == greedy
+    theirs = Translator.from_checkpoint(tmp_path / "ct2")
+    assert theirs.engine.name == "ctranslate2"
+    assert theirs.translate(lines[:4], prefixes=prefixes, beam_size=1) == greedy
 
 
 def test_ensembles_from_the_cli_and_their_refusals(trained_run, checkpoint, lines, tmp_path, capsys):
     from tests.hf_models import write_our_checkpoint
 
     last = trained_run / "checkpoints" / "last.pt"
-    ensemble = Translator.from_checkpoints([checkpoint, last])
-    assert len(ensemble.members) == 2
+    ensemble = Translator.from_checkpoint([checkpoint, last])
+    assert len(ensemble.engine.members) == 2
     outputs = ensemble.translate(lines[:5], beam_size=4)
     assert main(["translate", "--checkpoint", str(checkpoint), "--checkpoint", str(last), "--beam-size", "4",
                  *lines[:5]]) == 0
     assert capsys.readouterr().out.splitlines() == outputs
-    assert Translator.from_checkpoints([checkpoint, checkpoint]).translate(lines[:5], beam_size=4) == \
+    assert Translator.from_checkpoint([checkpoint, checkpoint]).translate(lines[:5], beam_size=4) == \
         Translator.from_checkpoint(checkpoint).translate(lines[:5], beam_size=4)
     other = write_our_checkpoint(tmp_path / "other.pt")  # another tokenizer
     reverse = load_checkpoint(last)  # the same tokenizer, declared the other direction

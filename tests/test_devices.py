@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from tests.conftest import PAD, random_tokens, tiny_model
+from tests.conftest import PAD, random_tokens, search_options, tiny_model
 from transformer.config import EOS_ID, Config, DataConfig, TrainingConfig
 from transformer.data import make_batch
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding.beam import beam_search
+from transformer.decoding.greedy import greedy_decode
 from transformer.training.loss import LossComputation
 from transformer.training.trainer import train_step
 
@@ -72,23 +73,25 @@ def _sources(device):
 def test_beam_one_equals_greedy_and_a_batch_equals_each_sentence_alone(device):
     model = tiny_model(seed=3, tgt_vocab_size=10).to(device)
     src, mask = _sources(device)
-    greedy = greedy_decode(model, src, mask, max_len_b=8)
-    beam1 = beam_search(model, src, mask, beam_size=1, length_penalty=0.0, max_len_b=8)
+    options = search_options(max_len_b=8)
+    greedy = greedy_decode(model, src, mask, options)
+    beam1 = beam_search(model, src, mask, search_options(beam_size=1, length_penalty=0.0, max_len_b=8))
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam1]
-    beam4 = beam_search(model, src, mask, beam_size=4, n_best=4, max_len_b=8)
+    four = search_options(beam_size=4, n_best=4, max_len_b=8)
+    beam4 = beam_search(model, src, mask, four)
     for i in range(src.size(0)):
         row = src[i:i + 1, : int((~mask[i]).sum())]
-        alone = beam_search(model, row, row.eq(PAD), beam_size=4, n_best=4, max_len_b=8)[0]
+        alone = beam_search(model, row, row.eq(PAD), four)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in beam4[i]]
-        assert greedy_decode(model, row, row.eq(PAD), max_len_b=8)[0].tokens == greedy[i].tokens
+        assert greedy_decode(model, row, row.eq(PAD), options)[0].tokens == greedy[i].tokens
 
 
 def test_decoding_on_the_device_equals_the_cpu(device):
     model = tiny_model(seed=3, tgt_vocab_size=10)
     src, mask = _sources(torch.device("cpu"))
-    on_cpu = beam_search(model, src, mask, beam_size=4, max_len_b=8)
-    on_device = beam_search(copy.deepcopy(model).to(device), src.to(device), mask.to(device), beam_size=4,
-                            max_len_b=8)
+    options = search_options(beam_size=4, max_len_b=8)
+    on_cpu = beam_search(model, src, mask, options)
+    on_device = beam_search(copy.deepcopy(model).to(device), src.to(device), mask.to(device), options)
     assert [b[0].tokens for b in on_device] == [b[0].tokens for b in on_cpu]
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.hf_models import sentences, write_marian, write_our_checkpoint
-from transformer.checkpoint import load_for_inference
 from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.decoding import max_output_length
+from transformer.engines import PyTorchEngine, load_model
 from transformer.files import ExportError
 from transformer.hf import export_huggingface as _export
 from transformer.hf import marian_order
@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 def export_huggingface(checkpoint, output):
     """As `transformer export --format huggingface --checkpoint CHECKPOINT --output OUTPUT`."""
-    return _export(*load_for_inference(checkpoint), output)
+    return _export(*load_model(checkpoint), output)
 
 
 safetensors = pytest.importorskip("safetensors.torch")
@@ -63,7 +63,7 @@ def test_marian_order_moves_the_sines_first_and_the_cosines_second():
 
 def test_imported_marian_model_gives_the_logits_of_transformers(marian_dir):
     tokenizer, hf = _hf(marian_dir)
-    config, model, ours = load_for_inference(marian_dir)
+    config, model, ours = load_model(marian_dir)
     lines = sentences(6, seed=3)
     lines[0] = ">>fra<< " + lines[0]  # a target-language token, kept as one piece
     batch = tokenizer(lines, return_tensors="pt", padding=True)
@@ -85,9 +85,9 @@ def test_imported_marian_model_gives_the_logits_of_transformers(marian_dir):
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_imported_model_translates_as_generate_does(marian_dir, beam_size):
-    config, model, tokenizer = load_for_inference(marian_dir)
+    config, model, tokenizer = load_model(marian_dir)
     lines = sentences(24, seed=7)
-    translator = Translator(model, tokenizer, config, torch.device("cpu"))
+    translator = Translator(PyTorchEngine(model, tokenizer, config))
     ours = translator.translate(lines, beam_size=beam_size, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
     theirs = _generate(marian_dir, lines, beam_size, 12)
     assert sum(a == b for a, b in zip(ours, theirs)) == len(lines), [(a, b) for a, b in zip(ours, theirs) if a != b]
@@ -108,8 +108,8 @@ def test_marian_to_ours_to_marian_keeps_every_tensor(marian_dir, tmp_path):
 def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path):
     checkpoint = write_our_checkpoint(tmp_path / "ours.pt")
     out = export_huggingface(checkpoint, tmp_path / "hf")
-    config, model, tokenizer = load_for_inference(checkpoint)
-    config2, model2, tokenizer2 = load_for_inference(out)
+    config, model, tokenizer = load_model(checkpoint)
+    config2, model2, tokenizer2 = load_model(out)
     original, back = model.state_dict(), model2.state_dict()
     for name in original:
         assert torch.equal(original[name], back[name]), name
@@ -117,7 +117,7 @@ def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path
     assert config2.decoding == config.decoding and config2.data.src_lang == "de"
     lines = sentences(20, seed=11)
     assert tokenizer2.encode_src(lines) == tokenizer.encode_src(lines)
-    ours = Translator(model, tokenizer, config, torch.device("cpu"))
+    ours = Translator(PyTorchEngine(model, tokenizer, config))
     greedy = ours.translate(lines, beam_size=1, max_len_a=0.0, max_len_b=10, max_repeat=0)  # generate has no limit
     assert _generate(out, lines, 1, 10) == greedy  # plain transformers code on the export
 
@@ -125,7 +125,7 @@ def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path
 def test_export_logits_equal_ours(tmp_path):
     checkpoint = write_our_checkpoint(tmp_path / "ours.pt", seed=1)
     out = export_huggingface(checkpoint, tmp_path / "hf")
-    config, model, tokenizer = load_for_inference(checkpoint)
+    config, model, tokenizer = load_model(checkpoint)
     hf_tokenizer, hf = _hf(out)
     lines = sentences(5, seed=4)
     batch = hf_tokenizer(lines, return_tensors="pt", padding=True)
@@ -183,15 +183,15 @@ def test_import_refuses_what_our_model_cannot_express(tmp_path, field, value, me
     config[field] = value
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        load_for_inference(folder)
+        load_model(folder)
 
 
 def test_decoder_start_other_than_pad_is_kept(tmp_path):
     folder = write_marian(tmp_path / "m", decoder_start_is_pad=False)  # starts with >>fra<< (id 2)
-    config, model, tokenizer = load_for_inference(folder)
+    config, model, tokenizer = load_model(folder)
     assert config.model.tgt_vocab_size == len(tokenizer.export_order)  # no extra row: start has its own
     lines = sentences(10, seed=5)
-    ours = Translator(model, tokenizer, config, torch.device("cpu")).translate(
+    ours = Translator(PyTorchEngine(model, tokenizer, config)).translate(
         lines, beam_size=1, max_len_a=0.0, max_len_b=12)
     assert ours == _generate(folder, lines, 1, 12)
 
@@ -212,7 +212,8 @@ def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_su
         for start in range(0, len(lines), 50):
             batch = tokenizer(lines[start:start + 50], return_tensors="pt", padding=True)
             logits = hf(**batch, decoder_input_ids=torch.full((len(batch.input_ids), 3), 2)).logits
-            assert (logits - translator.model(batch.input_ids, torch.full((len(logits), 3), 2))).abs().max() < 1e-4
+            ours_logits = translator.engine.attention_model(batch.input_ids, torch.full((len(logits), 3), 2))
+            assert (logits - ours_logits).abs().max() < 1e-4
             generated = hf.generate(**batch, num_beams=1, do_sample=False)
             for row, n in zip(generated.tolist(), batch.attention_mask.sum(1).tolist()):
                 cap = max_output_length(n, decoding.max_len_a, decoding.max_len_b,
@@ -224,11 +225,12 @@ def test_trained_model_export_matches_on_real_sentences(trained_run, multi30k_su
 def test_an_imported_marian_model_exports_to_ctranslate2_and_translates_alike(marian_dir, tmp_path):
     ct2 = pytest.importorskip("transformer.ct2")
     pytest.importorskip("ctranslate2")
-    ct2.export_ctranslate2(marian_dir, tmp_path / "ct2")
+    ct2.export_ctranslate2(*load_model(marian_dir), tmp_path / "ct2")
     lines = sentences(20, seed=3)
     options = dict(beam_size=1, max_len_a=0.0, max_len_b=12)
-    assert ct2.CTranslate2Translator(tmp_path / "ct2").translate(lines, **options) == \
-        Translator.from_checkpoint(marian_dir).translate(lines, **options)
+    theirs, ours = Translator.from_checkpoint(tmp_path / "ct2"), Translator.from_checkpoint(marian_dir)
+    assert (theirs.engine.name, ours.engine.name) == ("ctranslate2", "pytorch")
+    assert theirs.translate(lines, **options) == ours.translate(lines, **options)
 
 
 def test_a_marian_tokenizer_saved_in_a_run_and_loaded_back_keeps_its_digest(marian_dir, tmp_path):
@@ -236,7 +238,7 @@ def test_a_marian_tokenizer_saved_in_a_run_and_loaded_back_keeps_its_digest(mari
     digest (else the token cache, keyed by it, would be built again)."""
     from transformer.tokenizer import Tokenizer
 
-    tokenizer = load_for_inference(marian_dir)[2]
+    tokenizer = load_model(marian_dir)[2]
     tokenizer.save(tmp_path, "de", "en")
     again = Tokenizer.load(tmp_path, "de", "en", joint=True)
     assert again.digest() == tokenizer.digest()

@@ -106,12 +106,11 @@ def test_the_server_copies_too(translator, trained_run):
 
 def test_ctranslate2_copies_at_relative_positions(trained_run, cases, tmp_path):
     pytest.importorskip("ctranslate2")
-    from transformer.ct2 import CTranslate2Translator
-
     out = tmp_path / "ct2"
     assert main(["export", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--format", "ctranslate2",
                  "--output", str(out)]) == 0
-    ct2 = CTranslate2Translator(out)
+    ct2 = Translator.from_checkpoint(out)
+    assert ct2.engine.name == "ctranslate2" and ct2.engine.attention_model is None  # copies by relative position
     outputs = ct2.translate([s for s, _, _ in cases], beam_size=2)
     clean = ct2.translate([c for _, c, _ in cases], beam_size=2)
     for (sentence, _, spans), output, expected in zip(cases, outputs, clean):

@@ -13,6 +13,7 @@ import torch
 from tests.conftest import longest_run
 from transformer import Translator
 from transformer.config import ConfigError
+from transformer.engines import pytorch as pytorch_engine
 
 SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "⁇", "▁")
 
@@ -164,13 +165,13 @@ def test_concurrent_worker_calls_take_turns_with_the_thread_count(trained_run, t
     translators = [Translator.from_checkpoint(path, workers=2) for _ in range(2)]
     seen = []  # torch's thread count inside every batch decoded
 
-    def slow_decode_batch(self, *args):
+    def slow_search(*args):  # the engine's search of one batch
         seen.append(torch.get_num_threads())
         time.sleep(0.05)
-        return original(self, *args)
+        return original(*args)
 
-    original = Translator._decode_batch
-    monkeypatch.setattr(Translator, "_decode_batch", slow_decode_batch)
+    original = pytorch_engine.search
+    monkeypatch.setattr(pytorch_engine, "search", slow_search)
     threads = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
@@ -200,7 +201,7 @@ def test_more_workers_than_threads_warn_once(trained_run, test_lines, caplog):
     try:
         fitting = Translator.from_checkpoint(path, workers=2)
         oversubscribed = Translator.from_checkpoint(path, workers=3)
-        with caplog.at_level(logging.WARNING, logger="transformer.translate"):
+        with caplog.at_level(logging.WARNING, logger="transformer.engines.pytorch"):
             fitting.translate(test_lines[:8], beam_size=1, batch_size=2)
             assert not caplog.records
             for _ in range(2):

@@ -6,9 +6,11 @@ import math
 import pytest
 import torch
 
-from tests.conftest import random_tokens, tiny_model
+from tests.conftest import random_tokens, search_options, tiny_model
 from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer.decoding import beam_search, gnmt_length_penalty, greedy_decode
+from transformer.decoding import gnmt_length_penalty
+from transformer.decoding.beam import beam_search
+from transformer.decoding.greedy import greedy_decode
 
 VOCAB = 10  # small, so that eos (1 in 10) ends hypotheses of a random model
 
@@ -39,8 +41,8 @@ def forced_score(model, src_row, tokens, finished, alpha):
 
 def test_beam_size_one_equals_greedy(model):
     src, mask = _src()
-    greedy = greedy_decode(model, src, mask, max_len_a=1.0, max_len_b=6)
-    beam = beam_search(model, src, mask, beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=6)
+    greedy = greedy_decode(model, src, mask, search_options(max_len_a=1.0, max_len_b=6))
+    beam = beam_search(model, src, mask, search_options(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=6))
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     assert [h.finished for h in greedy] == [b[0].finished for b in beam]
     for g, (b,) in zip(greedy, beam):
@@ -50,22 +52,24 @@ def test_beam_size_one_equals_greedy(model):
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_batch_decodes_like_each_sentence_alone(model, beam_size):
     src, mask = _src()
-    batch = beam_search(model, src, mask, beam_size=beam_size, n_best=beam_size, max_len_b=8)
-    greedy = greedy_decode(model, src, mask, max_len_b=8)
+    options = search_options(beam_size=beam_size, n_best=beam_size, max_len_b=8)
+    batch = beam_search(model, src, mask, options)
+    greedy = greedy_decode(model, src, mask, options)
     for i in range(src.size(0)):
         row = src[i:i + 1, : int((~mask[i]).sum())]
-        alone = beam_search(model, row, row.eq(PAD_ID), beam_size=beam_size, n_best=beam_size, max_len_b=8)[0]
+        alone = beam_search(model, row, row.eq(PAD_ID), options)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batch[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in batch[i]], abs=1e-5)
-        assert greedy_decode(model, row, row.eq(PAD_ID), max_len_b=8)[0].tokens == greedy[i].tokens
+        assert greedy_decode(model, row, row.eq(PAD_ID), options)[0].tokens == greedy[i].tokens
 
 
 @pytest.mark.parametrize("min_len", [0, 3])
 def test_greedy_without_scores_picks_the_same_tokens(model, min_len):
     """scores=False takes the argmax of the logits (no log-softmax): the same outputs, NaN scores."""
     src, mask = _src()
-    with_scores = greedy_decode(model, src, mask, max_len_b=8, min_len=min_len)
-    without = greedy_decode(model, src, mask, max_len_b=8, min_len=min_len, scores=False)
+    options = search_options(max_len_b=8, min_len=min_len)
+    with_scores = greedy_decode(model, src, mask, options)
+    without = greedy_decode(model, src, mask, options, scores=False)
     assert [(h.tokens, h.finished) for h in without] == [(h.tokens, h.finished) for h in with_scores]
     assert all(math.isnan(h.score) for h in without)
     assert all(math.isfinite(h.score) and h.score < 0 for h in with_scores)
@@ -77,7 +81,7 @@ def test_greedy_picks_the_argmax_of_the_full_forward_pass_at_every_position(mode
     """Decoding on the cache, one position per step, agrees with the model's teacher-forced forward pass over the
     whole output: each token is that pass's most probable one (pad and bos excluded), and the score its sum."""
     src, mask = _src()
-    hyps = greedy_decode(model, src, mask, max_len_b=8)
+    hyps = greedy_decode(model, src, mask, search_options(max_len_b=8))
     assert any(h.finished for h in hyps) and any(len(h.tokens) > 2 for h in hyps)
     for i, h in enumerate(hyps):
         target = h.tokens + ([EOS_ID] if h.finished else [])
@@ -97,16 +101,16 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     src = torch.tensor([[5, 9, 4, EOS_ID]])
     best = max((forced_score(model, src[0], list(seq), True, alpha), list(seq))
                for n in range(3) for seq in itertools.product([UNK_ID, 4, 5], repeat=n))
-    found = beam_search(model, src, src.eq(PAD_ID), beam_size=18, length_penalty=alpha, max_len_a=0.0,
-                        max_len_b=3)[0][0]
+    found = beam_search(model, src, src.eq(PAD_ID), search_options(beam_size=18, length_penalty=alpha, max_len_a=0.0,
+                                                                   max_len_b=3))[0][0]
     assert found.finished and found.tokens == best[1]
     assert found.score == pytest.approx(best[0], abs=1e-5)
 
 
 def test_reported_scores_equal_forced_decoding_and_n_best_is_sorted(model):
     src, mask = _src()
-    results = beam_search(model, src, mask, beam_size=5, n_best=5, length_penalty=0.6, max_len_b=8)
-    one_best = beam_search(model, src, mask, beam_size=5, n_best=1, length_penalty=0.6, max_len_b=8)
+    results = beam_search(model, src, mask, search_options(beam_size=5, n_best=5, length_penalty=0.6, max_len_b=8))
+    one_best = beam_search(model, src, mask, search_options(beam_size=5, n_best=1, length_penalty=0.6, max_len_b=8))
     for i, hyps in enumerate(results):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -120,21 +124,21 @@ def test_reported_scores_equal_forced_decoding_and_n_best_is_sorted(model):
 def test_length_cap_gives_unfinished_fallbacks(model):
     src = random_tokens(1, 26, 23)
     src[0, -1] = EOS_ID
-    hyps = beam_search(model, src, src.eq(PAD_ID), beam_size=5, n_best=5, max_len_a=0.0, max_len_b=4,
-                       min_len=4)
+    hyps = beam_search(model, src, src.eq(PAD_ID), search_options(beam_size=5, n_best=5, max_len_a=0.0, max_len_b=4,
+                                                                  min_len=4))
     assert len(hyps[0]) == 5
     for h in hyps[0]:
         assert not h.finished and len(h.tokens) == 4
     assert len({tuple(h.tokens) for h in hyps[0]}) == 5
-    greedy = greedy_decode(model, src, src.eq(PAD_ID), max_len_a=0.0, max_len_b=4, min_len=4)[0]
+    greedy = greedy_decode(model, src, src.eq(PAD_ID), search_options(max_len_a=0.0, max_len_b=4, min_len=4))[0]
     assert not greedy.finished and len(greedy.tokens) == 4
 
 
 def test_min_len_is_respected(model):
     src, mask = _src()
-    for h in greedy_decode(model, src, mask, max_len_b=12, min_len=5):
+    for h in greedy_decode(model, src, mask, search_options(max_len_b=12, min_len=5)):
         assert len(h.tokens) >= 5
-    for hyps in beam_search(model, src, mask, beam_size=3, n_best=3, max_len_b=12, min_len=5):
+    for hyps in beam_search(model, src, mask, search_options(beam_size=3, n_best=3, max_len_b=12, min_len=5)):
         assert all(len(h.tokens) >= 5 for h in hyps)
 
 
@@ -150,7 +154,7 @@ def test_greedy_stops_when_every_sentence_has_ended(model):
         return logits
 
     model.decode_step = counting_decode_step
-    hyps = greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=200)
+    hyps = greedy_decode(model, src, mask, search_options(max_len_a=0.0, max_len_b=200))
     longest = max(len(h.tokens) + h.finished for h in hyps)
     assert all(h.finished for h in hyps)
     assert len(calls) == longest  # one step per position of the longest output, no more

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import longest_run, random_tokens, tiny_model
+from tests.conftest import longest_run, random_tokens, search_options, tiny_model
 from tests.decoding.test_decoding import _src
 from transformer.config import EOS_ID, PAD_ID
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding.beam import beam_search
+from transformer.decoding.greedy import greedy_decode
 from transformer.decoding.ngram import block_long_runs_, blocked_tokens
 from transformer.decoding.sampling import draw, sample_decode, sampling_distribution
 
@@ -22,18 +23,23 @@ def model():
     return tiny_model(seed=3, tgt_vocab_size=VOCAB)
 
 
+def _sampling(**changes):
+    """Sampling options (n_best: samples per sentence), with the search functions' old keyword defaults."""
+    return search_options(sampling=True, **changes)
+
+
 def _tokens(hyps):
     return [[h.tokens for h in sentence] for sentence in hyps]
 
 
 def test_top_k_one_and_a_tiny_temperature_are_greedy(model):
     src, mask = _src()
-    greedy = [h.tokens for h in greedy_decode(model, src, mask, max_len_b=8)]
-    top1 = sample_decode(model, src, mask, n_samples=3, top_k=1, seed=5, max_len_b=8)
+    greedy = [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8))]
+    top1 = sample_decode(model, src, mask, _sampling(n_best=3, top_k=1, seed=5, max_len_b=8))
     assert _tokens(top1) == [[g] * 3 for g in greedy]
-    cold = sample_decode(model, src, mask, n_samples=2, temperature=1e-4, seed=6, max_len_b=8)
+    cold = sample_decode(model, src, mask, _sampling(n_best=2, temperature=1e-4, seed=6, max_len_b=8))
     assert _tokens(cold) == [[g] * 2 for g in greedy]
-    tiny_p = sample_decode(model, src, mask, top_p=1e-6, seed=7, max_len_b=8)
+    tiny_p = sample_decode(model, src, mask, _sampling(top_p=1e-6, seed=7, max_len_b=8))
     assert _tokens(tiny_p) == [[g] for g in greedy]
 
 
@@ -59,14 +65,14 @@ def test_draws_follow_the_filtered_distribution():
 
 def test_a_sentence_gets_the_same_samples_whatever_its_batch(model):
     src, mask = _src()
-    together = sample_decode(model, src, mask, n_samples=4, seed=11, max_len_b=8)
+    together = sample_decode(model, src, mask, _sampling(n_best=4, seed=11, max_len_b=8))
     for i in range(src.size(0)):
         row = src[i:i + 1, : int((~mask[i]).sum())]
-        alone = sample_decode(model, row, row.eq(PAD_ID), n_samples=4, seed=11, max_len_b=8)[0]
+        alone = sample_decode(model, row, row.eq(PAD_ID), _sampling(n_best=4, seed=11, max_len_b=8))[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
-    reordered = sample_decode(model, src.flip(0), mask.flip(0), n_samples=4, seed=11, max_len_b=8)
+    reordered = sample_decode(model, src.flip(0), mask.flip(0), _sampling(n_best=4, seed=11, max_len_b=8))
     assert _tokens(reordered)[::-1] == _tokens(together)
-    other_seed = sample_decode(model, src, mask, n_samples=4, seed=12, max_len_b=8)
+    other_seed = sample_decode(model, src, mask, _sampling(n_best=4, seed=12, max_len_b=8))
     assert _tokens(other_seed) != _tokens(together)
     assert len({tuple(h.tokens) for sentence in together for h in sentence}) > src.size(0)  # samples differ
 
@@ -75,7 +81,7 @@ def test_sample_scores_are_the_models_log_probabilities(model):
     from tests.decoding.test_decoding import forced_score
 
     src, mask = _src()
-    for i, sentence in enumerate(sample_decode(model, src, mask, n_samples=2, seed=3, top_k=4, max_len_b=8)):
+    for i, sentence in enumerate(sample_decode(model, src, mask, _sampling(n_best=2, seed=3, top_k=4, max_len_b=8))):
         for h in sentence:
             assert h.score == pytest.approx(forced_score(model, src[i], h.tokens, h.finished, 0.0), abs=1e-4)
 
@@ -97,13 +103,13 @@ def test_no_output_repeats_an_ngram(n):
     model = tiny_model(seed=5, tgt_vocab_size=12)
     src = random_tokens(6, 9, 23, lengths=[9, 8, 7, 9, 5, 6], seed=2)
     mask = src.eq(PAD_ID)
-    plain = greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20)
+    plain = greedy_decode(model, src, mask, search_options(max_len_a=0.0, max_len_b=20))
     assert any(len(set(_ngrams(h.tokens, n))) < len(_ngrams(h.tokens, n)) for h in plain)  # the test can fail
-    outputs = [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20, no_repeat_ngram_size=n)]
-    outputs += [h.tokens for hyps in beam_search(model, src, mask, beam_size=4, n_best=4, max_len_a=0.0, max_len_b=20,
-                                                 no_repeat_ngram_size=n) for h in hyps]
-    outputs += [h.tokens for hyps in sample_decode(model, src, mask, n_samples=3, max_len_a=0.0, max_len_b=20,
-                                                   no_repeat_ngram_size=n) for h in hyps]
+    cap = dict(max_len_a=0.0, max_len_b=20, no_repeat_ngram_size=n)
+    outputs = [h.tokens for h in greedy_decode(model, src, mask, search_options(**cap))]
+    outputs += [h.tokens for hyps in beam_search(model, src, mask, search_options(beam_size=4, n_best=4, **cap))
+                for h in hyps]
+    outputs += [h.tokens for hyps in sample_decode(model, src, mask, _sampling(n_best=3, **cap)) for h in hyps]
     for tokens in outputs:
         assert len(set(_ngrams(tokens, n))) == len(_ngrams(tokens, n)), tokens
 
@@ -113,17 +119,19 @@ def test_no_output_has_a_run_longer_than_max_repeat(max_repeat):
     model = tiny_model(seed=5, tgt_vocab_size=12)
     src = random_tokens(6, 9, 23, lengths=[9, 8, 7, 9, 5, 6], seed=2)
     mask = src.eq(PAD_ID)
-    plain = [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20)]
+    plain = [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_a=0.0, max_len_b=20))]
     assert max(map(longest_run, plain)) > 3  # this random model loops: the test can fail
     cap = dict(max_len_a=0.0, max_len_b=20, max_repeat=max_repeat)
-    greedy = [h.tokens for h in greedy_decode(model, src, mask, **cap)]
-    beam = [[h.tokens for h in hyps] for hyps in beam_search(model, src, mask, beam_size=4, n_best=4, **cap)]
-    samples = [h.tokens for hyps in sample_decode(model, src, mask, n_samples=3, **cap) for h in hyps]
+    greedy = [h.tokens for h in greedy_decode(model, src, mask, search_options(**cap))]
+    beam = [[h.tokens for h in hyps] for hyps in beam_search(model, src, mask, search_options(beam_size=4, n_best=4,
+                                                                                              **cap))]
+    samples = [h.tokens for hyps in sample_decode(model, src, mask, _sampling(n_best=3, **cap)) for h in hyps]
     for tokens in greedy + [t for hyps in beam for t in hyps] + samples:
         assert longest_run(tokens) <= max_repeat, tokens
     # beam 1 is still greedy, and a limit no output reaches changes nothing
-    assert [hyps[0].tokens for hyps in beam_search(model, src, mask, beam_size=1, **cap)] == greedy
-    assert [h.tokens for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=20, max_repeat=21)] == plain
+    assert [hyps[0].tokens for hyps in beam_search(model, src, mask, search_options(beam_size=1, **cap))] == greedy
+    unreached = search_options(max_len_a=0.0, max_len_b=20, max_repeat=21)
+    assert [h.tokens for h in greedy_decode(model, src, mask, unreached)] == plain
     assert _blocked([5, 4, 4], 2) == [4] and _blocked([4, 4, 5], 2) == [] and _blocked([4, 4], 3) == []
     assert _blocked([4, EOS_ID], 1) == []  # eos is never blocked
 
@@ -144,10 +152,10 @@ def test_blocking_everything_still_ends_the_beam_with_eos():
     model = tiny_model(seed=1, tgt_vocab_size=6)
     src = random_tokens(3, 5, 23, seed=4)
     mask = src.eq(PAD_ID)
-    for hyps in beam_search(model, src, mask, beam_size=4, n_best=1, max_len_a=0.0, max_len_b=30,
-                            no_repeat_ngram_size=1):
+    options = search_options(beam_size=4, n_best=1, max_len_a=0.0, max_len_b=30, no_repeat_ngram_size=1)
+    for hyps in beam_search(model, src, mask, options):
         assert hyps and hyps[0].finished and len(set(hyps[0].tokens)) == len(hyps[0].tokens) <= 3
-    for h in greedy_decode(model, src, mask, max_len_a=0.0, max_len_b=30, no_repeat_ngram_size=1):
+    for h in greedy_decode(model, src, mask, options):
         assert h.finished and len(set(h.tokens)) == len(h.tokens)
 
 
@@ -158,10 +166,10 @@ def test_forced_prefixes_in_a_batch_equal_each_line_alone(model, search):
 
     def run(src, mask, prefixes):
         if search == "greedy":
-            return [[h] for h in greedy_decode(model, src, mask, max_len_b=8, prefixes=prefixes)]
+            return [[h] for h in greedy_decode(model, src, mask, search_options(max_len_b=8), prefixes=prefixes)]
         if search == "beam":
-            return beam_search(model, src, mask, beam_size=3, n_best=2, max_len_b=8, prefixes=prefixes)
-        return sample_decode(model, src, mask, n_samples=2, seed=1, max_len_b=8, prefixes=prefixes)
+            return beam_search(model, src, mask, search_options(beam_size=3, n_best=2, max_len_b=8), prefixes=prefixes)
+        return sample_decode(model, src, mask, _sampling(n_best=2, seed=1, max_len_b=8), prefixes=prefixes)
 
     together = run(src, mask, prefixes)
     for i, prefix in enumerate(prefixes):

@@ -7,10 +7,11 @@ own step (greedy and beam search differ in rows per sentence)."""
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.conftest import search_options, tiny_model
 from tests.fast.steps import BEAM_SCHEDULE, compare_steps, sources
 from transformer.config import OptionError
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding.beam import beam_search
+from transformer.decoding.greedy import greedy_decode
 from transformer.fast import CompiledDecoder, CPUDecoder
 from transformer.fast.compiled import StaticDecoderCache
 
@@ -70,16 +71,17 @@ def test_searches_give_the_readable_outputs(pair):
     model, compiled = pair
     src, mask = sources([7, 3, 5, 1, 6])
     for s, m in ((src, mask), (src[:1, :7], mask[:1, :7])):  # a batch, and one sentence alone
-        expected = greedy_decode(model, s, m, max_len_a=1.0, max_len_b=8)
-        got = greedy_decode(compiled, s, m, max_len_a=1.0, max_len_b=8)
+        expected = greedy_decode(model, s, m, search_options(max_len_a=1.0, max_len_b=8))
+        got = greedy_decode(compiled, s, m, search_options(max_len_a=1.0, max_len_b=8))
         assert [(h.tokens, h.finished) for h in got] == [(h.tokens, h.finished) for h in expected]
         assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-4)
-        expected = beam_search(model, s, m, beam_size=3, n_best=3, max_len_a=1.0, max_len_b=8)
-        got = beam_search(compiled, s, m, beam_size=3, n_best=3, max_len_a=1.0, max_len_b=8)
+        expected = beam_search(model, s, m, search_options(beam_size=3, n_best=3, max_len_a=1.0, max_len_b=8))
+        got = beam_search(compiled, s, m, search_options(beam_size=3, n_best=3, max_len_a=1.0, max_len_b=8))
         assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
         assert ([h.score for hyps in got for h in hyps]
                 == pytest.approx([h.score for hyps in expected for h in hyps], abs=1e-4))
-    assert any(h.finished for h in greedy_decode(compiled, src, mask, max_len_b=8))  # some sentences ended early
+    ended = greedy_decode(compiled, src, mask, search_options(max_len_b=8))
+    assert any(h.finished for h in ended)  # some sentences ended early
 
 
 def test_a_row_of_padding_only_attends_to_nothing_as_in_the_readable_model(pair):

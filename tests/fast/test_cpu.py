@@ -8,13 +8,15 @@ import sacrebleu
 import torch
 from torch import nn
 
-from tests.conftest import random_tokens, tiny_model
+from tests.conftest import random_tokens, search_options, tiny_model
 from tests.fast.steps import BEAM_SCHEDULE, GREEDY_SCHEDULE, compare_steps, sources
 from transformer import Transformer, Translator
 from transformer.cli import main
 from transformer.config import OptionError
 from transformer.data import make_batch
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding.beam import beam_search
+from transformer.decoding.greedy import greedy_decode
+from transformer.engines import PyTorchEngine
 from transformer.fast import CPUDecoder, decoder_for
 from transformer.fast.cache import GrowingKVCache
 from transformer.fast.cpu import cached_attention
@@ -59,10 +61,12 @@ def test_searches_give_the_readable_outputs(model):
     decoder = CPUDecoder(model)
     src, mask = sources([7, 3, 5, 1, 6])
     for s, m in ((src, mask), (src[:1, :7], mask[:1, :7])):  # a batch, and one sentence alone
-        expected, got = (greedy_decode(d, s, m, max_len_a=1.0, max_len_b=8) for d in (model, decoder))
+        greedy = search_options(max_len_a=1.0, max_len_b=8)
+        expected, got = (greedy_decode(d, s, m, greedy) for d in (model, decoder))
         assert [(h.tokens, h.finished) for h in got] == [(h.tokens, h.finished) for h in expected]
         assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-4)
-        expected, got = (beam_search(d, s, m, beam_size=3, n_best=3, max_len_b=8) for d in (model, decoder))
+        expected, got = (beam_search(d, s, m, search_options(beam_size=3, n_best=3, max_len_b=8))
+                         for d in (model, decoder))
         assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
         assert ([h.score for hyps in got for h in hyps]
                 == pytest.approx([h.score for hyps in expected for h in hyps], abs=1e-4))
@@ -123,8 +127,10 @@ def test_int8_beam_1_equals_greedy(model):
     quantized = CPUDecoder(model, "int8")
     src = random_tokens(4, 8, model.config.src_vocab_size, lengths=[8, 3, 6, 5])
     mask = src.eq(0)
-    greedy = greedy_decode(quantized, src, mask, 0.0, 12)
-    beam1 = [hyps[0] for hyps in beam_search(quantized, src, mask, 1, 0.0, 1, 0.0, 12)]
+    greedy = greedy_decode(quantized, src, mask, search_options(max_len_a=0.0, max_len_b=12))
+    beam1 = [hyps[0] for hyps in beam_search(quantized, src, mask, search_options(beam_size=1, length_penalty=0.0,
+                                                                                  n_best=1, max_len_a=0.0,
+                                                                                  max_len_b=12))]
     assert [h.tokens for h in greedy] == [h.tokens for h in beam1]
     assert [h.score for h in greedy] == pytest.approx([h.score for h in beam1], abs=1e-4)
 
@@ -156,14 +162,15 @@ def test_int8_translations_close_to_float32(translators, multi30k_subset):
     (each position decoded after the reference prefix), and greedy and beam BLEU stay within a point. (Whole greedy
     sentences are not compared: this briefly trained model loops, and a loop flips on a small change.)"""
     fp32, int8 = translators
-    assert int8.quantization == "int8" and fp32.quantization is None
-    assert int8.num_parameters == fp32.num_parameters == Transformer(fp32.model.config).num_parameters()
+    assert int8.engine.quantization == "int8" and fp32.engine.quantization is None
+    assert (int8.engine.parameters == fp32.engine.parameters
+            == Transformer(fp32.engine.attention_model.config).num_parameters())
     src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt").read().split("\n")[:100]
     ref = gzip.open(multi30k_subset / "test_2016_flickr.en.gz", "rt").read().split("\n")[:100]
     batch = make_batch(fp32.tokenizer.encode_src(src), fp32.tokenizer.encode_tgt(ref))
     predicted = []
     with torch.no_grad():
-        for decoder in (fp32.decoder, int8.decoder):
+        for decoder in (fp32.engine.decoder, int8.engine.decoder):
             cache = decoder.new_cache(decoder.encode(batch.src, batch.src_key_padding_mask), batch.src_key_padding_mask)
             predicted.append(torch.stack([decoder.decode_step(batch.tgt_in[:, t], cache).argmax(-1)
                                           for t in range(batch.tgt_in.size(1))], dim=1))
@@ -179,7 +186,7 @@ def test_int8_translations_close_to_float32(translators, multi30k_subset):
 def test_translator_refuses_unknown_quantization(translators):
     fp32, _ = translators
     with pytest.raises(OptionError, match="quantization='float16': expected None or 'int8'"):
-        Translator(fp32.model, fp32.tokenizer, fp32.config, quantization="float16")
+        PyTorchEngine(fp32.engine.attention_model, fp32.tokenizer, fp32.config, quantization="float16")
 
 
 def test_cli_quantization_flag(trained_run, capsys):

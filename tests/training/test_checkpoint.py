@@ -124,8 +124,12 @@ def test_missing_and_foreign_files(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match=r"run is a folder, not a checkpoint file: give a \.pt file"):
         load_checkpoint(tmp_path / "run")
     (tmp_path / "run" / "model.bin").write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"run is a CTranslate2 export .* not a checkpoint file"):
-        load_checkpoint(tmp_path / "run")
+    with pytest.raises(CheckpointError, match=r"run is a folder, not a checkpoint file: give a \.pt file"):
+        load_checkpoint(tmp_path / "run")  # model folders are told apart by engines.load_model
+    from transformer.engines import load_model
+
+    with pytest.raises(CheckpointError, match=r"run is a CTranslate2 export, not a checkpoint file"):
+        load_model(tmp_path / "run")
     torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path / "other.pt")

@@ -14,9 +14,10 @@ import yaml
 from tests.conftest import write_small_config
 from tests.hf_models import sentences, write_marian
 from tests.training.test_resume import _train_losses, interrupt_after
-from transformer.checkpoint import load_checkpoint, load_for_inference
+from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
 from transformer.config import read_raw_config
+from transformer.engines import load_model
 from transformer.training.init_from import content_sha256, fine_tuning_config, load_source, run_config
 from transformer.training.trainer import TrainingInterrupted, train
 
@@ -120,7 +121,7 @@ def test_fine_tuning_a_marian_model(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--run-dir", str(run_dir), "--init-from", str(marian)]) == 0
     losses = _train_losses(run_dir)
     # the imported model's own loss on the training pairs: where the run must start
-    _, model, tokenizer = load_for_inference(marian)
+    _, model, tokenizer = load_model(marian)
     lines = sentences(600, 20)[:64]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in tokenizer.encode_src(lines)], batch_first=True)
     tgt = [torch.tensor([2] + t + [3]) for t in tokenizer.encode_tgt(lines)]
