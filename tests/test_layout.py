@@ -33,7 +33,8 @@ ORDER = [
 ]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",
                      "transformer.ct2", "transformer.engines", "transformer.attention_plot", "transformer.decoding",
-                     "transformer.model", "transformer.fast"] + (["transformer.serve"] if importlib.util.find_spec("fastapi") else [])
+                     "transformer.model", "transformer.fast"] + (
+    ["transformer.serve"] if importlib.util.find_spec("fastapi") else [])
 
 
 def _module_name(path: Path) -> str:

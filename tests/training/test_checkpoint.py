@@ -128,6 +128,10 @@ def test_missing_and_foreign_files(tmp_path, monkeypatch):
         load_checkpoint(tmp_path / "run")  # model folders are told apart by engines.load_model
     from transformer.engines import load_model
 
+    with pytest.raises(CheckpointError, match=r"run holds a CTranslate2 model.bin without transformer_nmt.json: it "
+                                              r"was not written by `transformer export`"):
+        load_model(tmp_path / "run")
+    (tmp_path / "run" / "transformer_nmt.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"run is a CTranslate2 export, not a checkpoint file"):
         load_model(tmp_path / "run")
     torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")

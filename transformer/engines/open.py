@@ -40,9 +40,13 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     path = Path(path)
     if is_marian_dir(path):
         return load_marian(path, map_location)
-    if is_ctranslate2_dir(path) or (path / "model.bin").is_file():
+    if is_ctranslate2_dir(path):
         raise CheckpointError(f"{path} is a CTranslate2 export, not a checkpoint file: translate, evaluate and serve "
                               "take it; this needs the .pt checkpoint it was exported from")
+    if (path / "model.bin").is_file():
+        raise CheckpointError(f"{path} holds a CTranslate2 model.bin without {METADATA}: it was not written by "
+                              "`transformer export`, which the tokenizer and config come from; export the .pt "
+                              "checkpoint again")
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder but not a model: give a .pt checkpoint such as "
                               f"RUN/checkpoints/best.pt, a CTranslate2 export (model.bin and {METADATA}) or a "
