@@ -20,7 +20,7 @@ greedy decoding and sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -97,7 +97,16 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int,
             best_tokens.view(n_alive, beam_size, -1))
 
 
-def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int) -> tuple[Tensor, Tensor, Tensor]:
+class TopCandidates(NamedTuple):
+    """The best candidates of each live sentence, best first, each `(n_alive, 2 * beam_size)`: their total
+    log-probabilities, the beam each extends, and the token it adds."""
+
+    scores: Tensor
+    beams: Tensor
+    tokens: Tensor
+
+
+def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int) -> TopCandidates:
     """The 2·beam_size best candidates of each sentence (enough to keep beam_size that do not end in eos).
 
     Args:
@@ -109,17 +118,23 @@ def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: 
     """
     n_alive, _, k = candidate_scores.shape
     top_scores, top_index = candidate_scores.view(n_alive, -1).topk(min(2 * beam_size, k * beam_size), dim=1)
-    return top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index)
+    return TopCandidates(top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index))
 
 
-def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top_scores: Tensor, top_beams: Tensor,
-                      top_tokens: Tensor, step: int, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top: TopCandidates, step: int,
+                      alpha: float) -> tuple[Tensor, Tensor, Tensor]:
     """Move eos candidates into the finished lists, pick the next live beams, and mark sentences done.
+
+    Args:
+        state: the live hypotheses; sentences: every input sentence's search state (updated in place).
+        top: `select_top_k`'s candidates; step: the position decoded (0: the first after bos); alpha: the length
+            penalty's α.
 
     Returns:
         next_scores, next_rows and next_tokens, each `(n_alive, beam_size)`: for each next live hypothesis,
         its score, the row of `state.tokens` it extends, and the token it adds.
     """
+    top_scores, top_beams, top_tokens = top
     n_alive, beam_size = state.scores.shape
     is_eos = top_tokens.eq(EOS_ID) | top_scores.isneginf()
     # The first beam_size candidates that do not end in eos (stable order: best first).
@@ -209,7 +224,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Te
     for step in range(max(max_lengths)):
         candidate_scores, candidate_tokens = expand(model, state, step, rules)
         top = select_top_k(candidate_scores, candidate_tokens, options.beam_size)
-        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, *top, step, options.length_penalty)
+        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, top, step, options.length_penalty)
         state = advance(state, sentences, next_scores, next_rows, next_tokens)
         if not state.alive:
             break
