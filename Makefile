@@ -19,14 +19,14 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate notebook bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
 	$(BIN)/pip install -q --retries 1 --timeout 30 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),) "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf,tensorboard]"
+	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf,tensorboard,notebook]"
 	touch $@
 
 install: $(VENV)/.installed browser
@@ -67,6 +67,11 @@ evaluate: install
 		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test \
 			--json $(RUN_DIR)/eval_test_$${ckpt}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
 	done
+
+# Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
+# (a container) Jupyter wants --allow-root.
+notebook: install
+	$(BIN)/jupyter lab notebooks/learn_the_transformer.ipynb $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt

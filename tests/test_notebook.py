@@ -1,0 +1,80 @@
+"""The teaching notebook (notebooks/learn_the_transformer.ipynb) runs top to bottom in a Jupyter kernel, and the
+committed copy is executed, small, and the same code as its paired .py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "learn_the_transformer.ipynb"
+PAIRED = NOTEBOOK.with_suffix(".py")
+CELL_TIMEOUT_S = 180
+"""Per cell; the slowest, the toy model's training, takes about 10 s on 2 CPU cores."""
+MAX_BYTES = 1_000_000
+"""The committed notebook with its pictures, kept small enough for GitHub to render."""
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_top_to_bottom(trained_run, monkeypatch):
+    """Every cell in order in a real kernel (the venv's python3); any error fails the test. Section 7 reads the
+    short run of `trained_run` (through TRANSFORMER_NOTEBOOK_DE_EN) instead of training one, and nothing is
+    written into the repository: the executed copy stays in memory."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    monkeypatch.setenv("TRANSFORMER_NOTEBOOK_DE_EN", str(trained_run / "checkpoints" / "best.pt"))
+    monkeypatch.delenv("TRANSFORMER_NOTEBOOK_EN_DE", raising=False)
+    committed = NOTEBOOK.read_bytes()
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    short_run = ROOT / "runs" / "notebook_de_en_short"  # where the notebook would train a model of its own
+    had_short_run = short_run.exists()
+    client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S,
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError, naming the cell, on the first error
+    elapsed = time.perf_counter() - start
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "module gives the same output: True and weights: True" in text
+    assert "same weights: True | same output: True" in text
+    assert f"{trained_run / 'checkpoints' / 'best.pt'}: 150 updates" in text  # the given model, no run of its own
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 8
+    assert NOTEBOOK.read_bytes() == committed and short_run.exists() == had_short_run
+    print(f"notebook executed in {elapsed:.0f} s")
+
+
+def test_the_kernel_is_this_python():
+    """The test's kernel, "python3", starts the interpreter running the tests (the venv's), not another one."""
+    kernelspec = pytest.importorskip("jupyter_client.kernelspec")
+    pytest.importorskip("ipykernel")
+    from jupyter_client.manager import KernelManager
+
+    assert "python3" in kernelspec.KernelSpecManager().find_kernel_specs()
+    command = KernelManager(kernel_name="python3").format_kernel_cmd()
+    assert command[0] == sys.executable, command
+
+
+def test_the_committed_notebook_is_executed_and_small():
+    nbformat = pytest.importorskip("nbformat")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1)), "execute it top to bottom"
+    assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for cell in code for o in cell.outputs) >= 8
+    assert os.path.getsize(NOTEBOOK) < MAX_BYTES
+
+
+def test_the_notebook_and_its_paired_script_hold_the_same_cells():
+    """The .py (jupytext's percent format) is the readable diff of the .ipynb: `jupytext --sync` keeps them equal."""
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    committed = nbformat.read(NOTEBOOK, as_version=4)
+    paired = jupytext.read(PAIRED)
+    cells = lambda nb: [(c.cell_type, c.source.strip()) for c in nb.cells]  # noqa: E731
+    assert cells(paired) == cells(committed), "run: jupytext --sync notebooks/learn_the_transformer.ipynb"
