@@ -114,6 +114,52 @@ def test_outputs_cut_at_the_length_cap_are_scored_and_ranked_as_ours(exported, t
             assert sum([t for t, _ in x] == [t for t, _ in y] for x, y in zip(a, b)) >= 0.9 * len(src)
 
 
+def test_a_beam_is_ranked_as_ours_its_1_best_first_in_every_n_best_list(exported, trained_run, multi30k_subset):
+    """CTranslate2 searches by its own length penalty (|Y|^α); its final beam is ranked by ours: the 1-best output
+    (n_best 1, or plain translation) is the first of the n-best list, the lists are best first by our score, a
+    hypothesis scores what the .pt checkpoint scores it, and with beam 4 at α 1 and 2 the 1-best is ours on nearly
+    every line (CTranslate2's own ranking differs on about 1 line in 10 at α 1, 1 in 6 at α 2). With prefixes
+    (CTranslate2's scores leave out the prefix) and n-gram blocking (its log-probabilities are renormalised) alike."""
+    from transformer.engines import CTranslate2Engine
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:60]
+    ours = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    theirs = Translator(CTranslate2Engine(exported, threads=1))
+    for options in (dict(beam_size=4, length_penalty=1.0), dict(beam_size=4, length_penalty=2.0),
+                    dict(beam_size=5, length_penalty=2.0, prefixes=["A"] * 30 + [None] * 30),
+                    dict(beam_size=4, length_penalty=1.0, no_repeat_ngram_size=2)):
+        best = theirs.translate(src, **options)
+        assert [hyps[0][0] for hyps in theirs.translate_n_best(src, n_best=1, **options)] == best, options
+        lists = theirs.translate_n_best(src, n_best=options["beam_size"], **options)
+        assert [hyps[0][0] for hyps in lists] == best, options
+        prefixes = options.get("prefixes") or [None] * len(src)
+        beams = theirs.decode_ids(theirs.tokenizer.encode_src(src), theirs.decoding_options(
+            n_best=options["beam_size"], **{k: v for k, v in options.items() if k != "prefixes"}),
+            prefix_ids=[theirs.tokenizer.encode_tgt([p])[0] if p else None for p in prefixes])
+        for beam in beams:  # the engine's ranking: finished first, each group best first by our score
+            assert [h.finished for h in beam] == sorted((h.finished for h in beam), reverse=True)
+            for group in (True, False):  # ranked from CTranslate2's scores, within their 1e-3 of the model's
+                scores = [h.score for h in beam if h.finished == group]
+                assert all(a >= b - 2e-3 for a, b in zip(scores, scores[1:])), (options, beam)
+        scored = {(i, text): score for i, hyps in enumerate(ours.translate_n_best(src, n_best=options["beam_size"],
+                                                                                  **options)) for text, score in hyps}
+        same = [(scored[i, text], score) for i, hyps in enumerate(lists) for text, score in hyps if (i, text) in scored]
+        assert len(same) >= len(src) and all(abs(x - y) < 1e-4 for x, y in same), options
+        if len(options) == 2:  # beam 4 as it is (n-gram blocking renormalised keeps other hypotheses, docs/decoding.md)
+            assert sum(x == y for x, y in zip(best, ours.translate(src, **options))) >= 0.95 * len(src), options
+
+
+def test_samples_of_top_k_1_are_the_greedy_output_n_times(exported, trained_run, multi30k_subset):
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:5]
+    theirs = Translator.from_checkpoint(exported)
+    greedy = theirs.translate(src, beam_size=1)
+    samples = theirs.translate_n_best(src, n_best=3, sampling=True, top_k=1)
+    assert [[text for text, _ in hyps] for hyps in samples] == [[g] * 3 for g in greedy]
+
+
 def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(looping_checkpoint, multi30k_subset, tmp_path):
     """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences),
     on a model that repeats one piece to the length cap without the limit."""

@@ -3,6 +3,7 @@ request fields and the keywords of `Translator.translate` are made from them, wi
 `decoding/options.py` documents. An option added the documented way reaches all three."""
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -62,6 +63,22 @@ def test_translator_takes_every_option_as_a_keyword(trained_run):
     assert translator.translate(sentence, **defaults) == translator.translate(sentence)
     with pytest.raises(ValueError, match="unknown decoding option 'beam'"):
         translator.translate(sentence, beam=2)
+
+
+CALL_ARGUMENTS = {"translate": {"prefixes"}, "translate_n_best": {"n_best", "scores", "prefixes", "should_stop"}}
+"""Per `Translator` method, its named keywords; every other keyword is an option (a field). Those beyond n_best are
+arguments of the call, not options (docs/decoding.md): per-sentence prefixes, whether to compute scores, and a
+server's check between batches."""
+
+
+def test_the_translator_s_named_keywords_are_n_best_and_arguments_of_the_call():
+    from transformer import Translator
+
+    for name, expected in CALL_ARGUMENTS.items():
+        parameters = inspect.signature(getattr(Translator, name)).parameters
+        named = {p for p, v in parameters.items() if v.kind is not v.VAR_KEYWORD} - {"self", "sentences"}
+        assert named == expected, name
+        assert not (named - {"n_best"}) & FIELDS
 
 
 def test_an_option_added_as_a_field_reaches_the_command_line(monkeypatch):

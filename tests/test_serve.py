@@ -68,10 +68,10 @@ def test_n_best_lists_come_with_scores_best_first(client, translator):
 
 
 def test_attention_returns_every_weight_of_the_translation(client, translator):
-    body = client.post("/attention", json={"text": SENTENCES[0]}).json()
-    assert body == json.loads(json.dumps(attention_for(translator, SENTENCES[0],
-                                                       translator.decoding_options(n_best=1))))
-    assert body["translation"] == client.post("/translate", json={"text": [SENTENCES[0]]}).json()["translations"][0]
+    body = client.post("/attention", json={"text": SENTENCES[0]}).json()  # greedy unless asked otherwise
+    assert body == json.loads(json.dumps(attention_for(translator, SENTENCES[0])))
+    assert body["translation"] == client.post("/translate", json={"text": [SENTENCES[0]], "beam_size": 1}).json()[
+        "translations"][0]
     config = translator.engine.attention_model.config
     S, T = len(body["src_pieces"]), len(body["tgt_out_pieces"])
     assert len(body["cross"]) == config.n_decoder_layers and len(body["encoder_self"]) == config.n_encoder_layers
@@ -81,6 +81,31 @@ def test_attention_returns_every_weight_of_the_translation(client, translator):
             for head in layer:
                 assert (len(head), len(head[0])) == shape
                 assert all(abs(sum(row) - 1) < 1e-4 for row in head)
+
+
+LONG = ("Ein Mann mit einem roten Hut fährt mit dem Fahrrad durch die Stadt, und zwei Hunde laufen neben ihm her. "
+        * 20)[:1900].strip()  # within --max-chars (2000), and over 256 pieces: longer than max_positions 128
+
+
+def test_a_sentence_longer_than_the_model_reads_is_translated_from_its_start_and_marked(client, translator):
+    """Not refused: its start (max_positions tokens, eos included) is translated, as by the Python API, and the
+    answer marks it per sentence; /attention shows the part translated."""
+    limit = translator.config.model.max_positions
+    assert len(LONG) <= ServeLimits().max_chars and len(translator.tokenizer.src_ids([LONG])[0]) > 2 * limit
+    text = [SENTENCES[0], LONG, SENTENCES[1]]
+    body = client.post("/translate", json={"text": text, "n_best": 2, "alignment": True})
+    assert body.status_code == 200, body.text
+    body = body.json()
+    assert body["truncated"] == [False, True, False]
+    assert body["translations"] == translator.translate(text) and translator.stats.truncated == [1]
+    assert [h["text"] for h in body["n_best"][1]] == [t for t, _ in translator.translate_n_best([LONG], n_best=2)[0]]
+    n_words = sum(piece.startswith("\u2581") for piece in translator.tokenizer.src_pieces(LONG)[:limit - 1])
+    assert body["alignments"][1] and max(s for s, _ in body["alignments"][1]) < n_words  # the part translated
+    assert client.post("/translate", json={"text": SENTENCES[:2]}).json()["truncated"] == [False, False]
+    attention = client.post("/attention", json={"text": LONG})
+    assert attention.status_code == 200, attention.text
+    assert attention.json()["truncated"] is True and len(attention.json()["src_pieces"]) == limit
+    assert client.post("/attention", json={"text": SENTENCES[0]}).json()["truncated"] is False
 
 
 def test_health_describes_model_vocabulary_device_and_uptime(client, translator, checkpoint):
@@ -143,8 +168,6 @@ def test_bad_bodies_and_attention_requests_are_refused_and_the_server_keeps_serv
                        headers={"content-type": "application/json"})
     assert huge.status_code == 413 and "max-request-bytes" in huge.json()["error"]
     assert client.post("/attention", json={"text": SENTENCES}).json()["field"] == "text"
-    too_long = client.post("/attention", json={"text": "Hund " * (translator.config.model.max_positions + 5)})
-    assert too_long.status_code == 422 and "max_positions" in too_long.json()["error"]
     assert client.post("/attention", json={"text": "Ein Hund.", "beam_size": 99}).json()["field"] == "beam_size"
     no_type = client.post("/translate", content=b'{"text": ["Ein Hund."]}', headers={"content-type": "text/plain"})
     assert no_type.status_code == 422 and "Content-Type: application/json" in no_type.json()["error"]

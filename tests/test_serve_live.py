@@ -193,9 +193,53 @@ def _long_request(lines: int = 128) -> dict:
             "max_len_b": 110}
 
 
+def _read_answer(connection: socket.socket) -> bytes:
+    """Everything the server sends on `connection` until it closes it (a reset counts as closed)."""
+    answer = b""
+    while True:
+        try:
+            chunk = connection.recv(10000)
+        except ConnectionResetError:
+            return answer
+        if not chunk:
+            return answer
+        answer += chunk
+
+
+def _read_one_answer(connection: socket.socket) -> bytes:
+    """One whole answer (headers and a Content-Length body) from a connection that stays open."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += connection.recv(10000)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    while len(body) < int(headers[b"content-length"]):
+        body += connection.recv(10000)
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_malformed_request_gets_the_json_error_form(server):
+    """h11 cannot parse these: the answer is the JSON of every refusal, not uvicorn's plain text."""
+    for head, words in ((b"Content-Length: abc\r\n", "Content-Length"), (b"Content-Length: 5\r\nContent-Length: 6\r\n",
+                                                                          "Content-Length"),
+                        (b"no colon here\r\n", "header")):
+        with _raw(server) as connection:
+            connection.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n{}")
+            answer = _read_answer(connection).decode()
+        status, _, rest = answer.partition("\r\n")
+        headers, _, body = rest.partition("\r\n\r\n")
+        assert status == "HTTP/1.1 400 Bad Request", answer
+        assert "content-type: application/json" in headers.lower() and "connection: close" in headers.lower()
+        error = json.loads(body)
+        assert error["field"] == "headers" and words in error["error"], error
+        assert error["errors"] == [{"field": "headers", "message": error["error"]}]
+    assert httpx.get(server + "/health", timeout=10).status_code == 200  # still serving
+
+
 def test_slow_and_departed_clients(trained_run, tmp_path):
     """A client that stalls its headers is disconnected, one that stalls its body gets 408, both within
-    --request-timeout; a client that leaves while its request waits gets nothing decoded for it."""
+    --request-timeout; a client that leaves while its request waits gets nothing decoded for it, and one that leaves
+    during its own decoding call stops it at its next batch of sentences."""
     process, url = _start(trained_run, tmp_path / "server.log", "--request-timeout", "1")
     try:
         start = time.monotonic()
@@ -216,42 +260,62 @@ def test_slow_and_departed_clients(trained_run, tmp_path):
             answer = answer.decode()
         assert time.monotonic() - start < 4
         assert answer.startswith("HTTP/1.1 408") and '"field":"body"' in answer and "--request-timeout" in answer
-        # one long request busies the decoding thread; a second one waits behind it, and its client leaves
+        # A long request (4 batches of 32 sentences) busies the decoding thread and a second one waits behind it;
+        # the second one's client leaves, then the first one's, during the first batch.
         with httpx.Client(timeout=300) as client:
             before = client.get(url + "/health").json()["batching"]
-            pool = ThreadPoolExecutor(1)
-            busy = pool.submit(client.post, url + "/translate", json=_long_request())
-            time.sleep(1.0)
-            with _raw(url) as leaving:
-                leaving.sendall(_translate_request({"text": ["Ein Hund läuft über die Wiese."] * 7}))
-                time.sleep(1.0)  # read and queued
-            assert not busy.done(), "the long request ended before the test could leave: make it longer"
-            assert busy.result().status_code == 200
-            pool.shutdown()
-            deadline = time.monotonic() + 10  # the batcher reaches the departed request after the long one
+            with _raw(url) as long_one:
+                long_one.sendall(_translate_request(_long_request()))
+                time.sleep(1.0)  # decoding
+                with _raw(url) as waiting:
+                    waiting.sendall(_translate_request({"text": ["Ein Hund läuft über die Wiese."] * 7}))
+                    time.sleep(1.0)  # read and queued
+                left = time.monotonic()
+            assert client.get(url + "/health").json()["batching"]["batches"] == before["batches"], \
+                "the long request ended before the test could leave: make it longer"
+            deadline = time.monotonic() + 120  # the long call stops after its first batch, then the other is dropped
             while True:
                 after = client.get(url + "/health").json()["batching"]
                 if after["abandoned_requests"] > before["abandoned_requests"] or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
+            stopped_after = time.monotonic() - left
+            answer = client.post(url + "/translate", json={"text": [SENTENCE]})  # the decoding thread is free
+        assert answer.status_code == 200
+        assert after["cancelled_requests"] - before["cancelled_requests"] == 1, (before, after)
         assert after["abandoned_requests"] - before["abandoned_requests"] == 1, (before, after)
-        assert after["sentences"] - before["sentences"] == 128  # the long request's only
-        assert httpx.get(url + "/health", timeout=10).status_code == 200  # still serving
+        assert after["sentences"] == before["sentences"] and after["batches"] == before["batches"]  # neither served
+        print(f"the departed request's decoding call stopped {stopped_after:.1f} s after its client left")
     finally:
         process.terminate()
         process.wait(30)
 
 
 def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(trained_run, tmp_path):
-    process, url = _start(trained_run, tmp_path / "server.log", "--shutdown-timeout", "60")
+    """On SIGTERM the request in flight is answered in full, new connections are refused, and connections with
+    nothing in flight (one idle after an answer, one whose body stalls) are closed at once, not after the drain
+    deadline or the request timeout (both 60 s here); then the process exits with status 0."""
+    process, url = _start(trained_run, tmp_path / "server.log", "--shutdown-timeout", "60", "--request-timeout", "60")
     request = _long_request(64)
-    with httpx.Client(timeout=300) as client, ThreadPoolExecutor(1) as pool:
+    with httpx.Client(timeout=300) as client, ThreadPoolExecutor(1) as pool, _raw(url) as idle, _raw(url) as stalled:
+        idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_one_answer(idle).startswith(b"HTTP/1.1 200")  # kept alive after it (5 s, uvicorn's default)
+        stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 100\r\n\r\n{\"text\": ")
         in_flight = pool.submit(client.post, url + "/translate", json=request)
         time.sleep(1.0)
         process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         time.sleep(0.5)
         with pytest.raises(httpx.ConnectError):  # the listening socket is closed at once
             httpx.get(url + "/health", timeout=5)
+        for connection in (idle, stalled):
+            connection.settimeout(3)
+            assert _read_answer(connection) == b""  # closed without an answer
+        assert time.monotonic() - signalled < 3
+        assert not in_flight.done(), "the request in flight ended before the test could check: make it longer"
         answer = in_flight.result()
+        answered = time.monotonic()
     assert answer.status_code == 200 and len(answer.json()["translations"]) == 64
     assert process.wait(60) == 0, (tmp_path / "server.log").read_text()[-2000:]
+    assert time.monotonic() - answered < 10  # nothing else held the process

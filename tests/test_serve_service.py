@@ -1,14 +1,16 @@
 """`transformer serve` without the web: `TranslationService` (validation, n-best, health, what an engine without
-attention refuses, attention's options) and `RequestBatcher` (requests with prefixes share calls), over a fake engine
-that echoes its input and a tiny untrained model, with no FastAPI. The HTTP routes over a trained model:
-`test_serve.py`."""
+attention refuses, attention's options, inputs longer than the model reads, departed clients) and `RequestBatcher`
+(requests with prefixes share calls), over a fake engine that echoes its input and a tiny untrained model, with no
+FastAPI. The HTTP routes over a trained model: `test_serve.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -17,10 +19,10 @@ from transformer.config import Config, DataConfig, DecodingConfig, TransformerCo
 from transformer.decoding import Hypothesis
 from transformer.engines import PyTorchEngine, SourceBatch
 from transformer.model import Transformer
-from transformer.serve.batching import RequestBatcher
+from transformer.serve.batching import RequestBatcher, Translated
 from transformer.serve.service import RequestError, ServeLimits, TranslationService
 from transformer.tokenizer import Tokenizer, train_tokenizer
-from transformer.translate import Translator
+from transformer.translate import DecodingStopped, Translator
 
 SRC = ["Ein Hund läuft.", "Zwei Katzen schlafen im Gras.", "Ein Mann fährt Fahrrad auf der Straße.", "Kinder spielen."]
 TGT = ["A dog runs.", "Two cats sleep in the grass.", "A man rides a bike on the street.", "Children play."]
@@ -56,6 +58,21 @@ class EchoEngine:
 
     def warm_up(self) -> float:
         return 0.0
+
+
+class GatedEngine(EchoEngine):
+    """An EchoEngine whose decoding calls wait, once `entered` is set by the first, until the test opens `gate`;
+    the checkpoint decodes one sentence per batch."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.config = dataclasses.replace(self.config, decoding=DecodingConfig(beam_size=4, batch_size=1))
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def search(self, batches, options, scores):
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().search(batches, options, scores)
 
 
 @pytest.fixture(scope="module")
@@ -193,10 +210,10 @@ def test_a_request_with_prefixes_shares_a_decoding_call_and_gets_what_it_would_a
 def test_the_batcher_passes_prefixes_only_when_a_sentence_of_the_call_has_one():
     calls = []
 
-    def translate_n_best(sentences, prefixes, options):
+    def translate_n_best(sentences, prefixes, options, should_stop):
         calls.append((list(sentences), prefixes))
-        return [[(f"{prefix or ''}|{sentence}", 0.0)] for sentence, prefix in zip(sentences, prefixes or
-                                                                                   [None] * len(sentences))]
+        return [Translated([(f"{prefix or ''}|{sentence}", 0.0)])
+                for sentence, prefix in zip(sentences, prefixes or [None] * len(sentences))]
 
     async def run():
         batcher = RequestBatcher(translate_n_best, max_batch_sentences=3, max_wait_ms=60_000)
@@ -214,6 +231,98 @@ def test_the_batcher_passes_prefixes_only_when_a_sentence_of_the_call_has_one():
 
     plain, mixed, stats = asyncio.run(run())
     assert calls == [(["a", "b", "c"], None), (["d", "e", "f"], [None, "E", None])]
-    assert plain == [[[("|a", 0.0)], [("|b", 0.0)]], [[("|c", 0.0)]]]
-    assert mixed == [[[("|d", 0.0)]], [[("E|e", 0.0)], [("|f", 0.0)]]]
+    assert [[t.n_best for t in request] for request in plain] == [[[("|a", 0.0)], [("|b", 0.0)]], [[("|c", 0.0)]]]
+    assert [[t.n_best for t in request] for request in mixed] == [[[("|d", 0.0)]], [[("E|e", 0.0)], [("|f", 0.0)]]]
     assert (stats.requests, stats.sentences, stats.batches) == (4, 6, 2)
+
+
+LONG = "Ein Hund läuft. " * 60  # 960 characters, within --max-chars; hundreds of pieces, more than max_positions 64
+
+
+def test_sentences_longer_than_the_model_reads_are_marked_per_request_and_logged(engine, tokenizer, caplog):
+    """Two requests share one decoding call; each answer marks its own sentences cut to the model's
+    max_source_len, and the server logs them by their index in their request (the translator's own warning, which
+    counts sentences of the whole call, is off)."""
+    assert len(tokenizer.src_ids([LONG.strip()])[0]) + 1 > engine.max_source_len
+    translator = Translator(engine)
+    service = TranslationService(translator, max_batch_sentences=5, max_wait_ms=60_000)  # decodes once 5 wait
+    with caplog.at_level(logging.WARNING):
+        first, second = _run(service, lambda: service.translate([SRC[0], LONG], {"n_best": 2}),
+                             lambda: service.translate([LONG, SRC[1], SRC[2]], {"n_best": 2}))
+    records = list(caplog.records)
+    assert len(engine.calls) == 1  # one decoding call for both
+    assert first["truncated"] == [False, True] and second["truncated"] == [True, False, False]
+    served = sorted(r.getMessage() for r in records if r.name == "transformer.serve.service")
+    assert served == ["/translate: 1 of 2 sentences longer than the model's max_source_len=64 tokens, only their "
+                      "first 63 translated (text[1])",
+                      "/translate: 1 of 3 sentences longer than the model's max_source_len=64 tokens, only their "
+                      "first 63 translated (text[0])"], served
+    assert not [r for r in records if r.name == "transformer.translate"] and translator.warn_truncated
+    alone = Translator(EchoEngine(tokenizer))
+    assert first["translations"] == alone.translate([SRC[0], LONG]) and alone.stats.truncated == [1]
+    assert [h["text"] for h in second["n_best"][0]] == [t for t, _ in alone.translate_n_best([LONG], n_best=2)[0]]
+    plain, = _run(service, lambda: service.translate(SRC[:2], {}))
+    assert plain["truncated"] == [False, False]
+
+
+def test_the_translator_stops_between_batches_when_asked(tokenizer):
+    engine = EchoEngine(tokenizer)
+    engine.workers = 2  # the check comes before each group of `workers` batches
+    translator = Translator(engine)
+    asked = []
+
+    def after_two_groups() -> bool:
+        asked.append(len(engine.calls))
+        return len(engine.calls) == 2
+
+    with pytest.raises(DecodingStopped):
+        translator.translate_n_best(SRC * 2, batch_size=1, should_stop=after_two_groups)
+    assert [len(batches) for batches in engine.calls] == [2, 2] and asked == [0, 1, 2]
+    engine.calls.clear()
+    assert translator.translate_n_best(SRC, batch_size=1, should_stop=lambda: False) == \
+        translator.translate_n_best(SRC, batch_size=1)
+    assert [len(batches) for batches in engine.calls] == [2, 2, 4]  # without a check: one call
+
+
+def _cancel_during_decoding(engine: GatedEngine, requests: list[list[str]], leaving: int) -> tuple[list, object]:
+    """Send `requests` together (one decoding call), cancel request `leaving` (its client goes away) while the
+    call's first batch decodes, then let decoding go on. Returns (each request's answer or None, batcher stats)."""
+    service = TranslationService(Translator(engine), max_batch_sentences=sum(map(len, requests)), max_wait_ms=60_000)
+
+    async def run():
+        service.start()
+        try:
+            tasks = [asyncio.ensure_future(service.translate(text, {})) for text in requests]
+            while not engine.entered.is_set():
+                await asyncio.sleep(0.01)
+            tasks[leaving].cancel()
+            await asyncio.sleep(0.05)  # the cancellation reaches the batcher
+            engine.gate.set()
+            answers = await asyncio.gather(*tasks, return_exceptions=True)
+            await service.batcher.run_on_worker(lambda: None)  # after the decoding call, on its thread
+            await asyncio.sleep(0.05)  # the batcher takes its outcome
+        finally:
+            engine.gate.set()
+            await service.stop()
+        return [None if isinstance(a, BaseException) else a for a in answers], service.health()["batching"]
+
+    return asyncio.run(run())
+
+
+def test_a_departed_client_s_decoding_call_stops_at_its_next_batch(tokenizer):
+    """One sentence per batch: the call of a request whose client leaves during its first batch decodes nothing
+    more; it is counted in /health's cancelled_requests."""
+    engine = GatedEngine(tokenizer)
+    answers, batching = _cancel_during_decoding(engine, [SRC], leaving=0)
+    assert answers == [None]
+    assert sum(len(batches) for batches in engine.calls) == 1, engine.calls  # of 4 batches
+    assert batching["cancelled_requests"] == 1 and batching["abandoned_requests"] == 0
+    assert (batching["requests"], batching["sentences"], batching["batches"]) == (0, 0, 0)
+
+
+def test_a_call_shared_with_a_client_still_there_is_decoded_to_the_end(tokenizer):
+    engine = GatedEngine(tokenizer)
+    answers, batching = _cancel_during_decoding(engine, [SRC[:2], SRC[2:]], leaving=0)
+    assert answers[0] is None and answers[1]["translations"] == Translator(EchoEngine(tokenizer)).translate(SRC[2:])
+    assert sum(len(batches) for batches in engine.calls) == 4
+    assert batching["cancelled_requests"] == 0 and (batching["requests"], batching["sentences"]) == (2, 4)

@@ -14,6 +14,7 @@ warning (counted in `stats`); text the source vocabulary cannot represent is cop
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +29,11 @@ from .engines import Engine, SourceBatch, open_engine
 from .passthrough import PassThrough, with_passthrough
 
 logger = logging.getLogger(__name__)
+
+class DecodingStopped(Exception):
+    """A call given `should_stop` (`Translator.translate_n_best`, `decode_ids`) stopped before its next batch of
+    sentences because `should_stop()` said so; nothing of the call is returned."""
+
 
 @dataclass
 class TranslationStats:
@@ -104,6 +110,7 @@ class Translator:
 
     def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
                          prefixes: Optional[list[Optional[str]]] = None,
+                         should_stop: Optional[Callable[[], bool]] = None,
                          **options: Any) -> list[list[tuple[str, float]]]:
         """Translate sentences and return the n best (text, score) pairs of each, best first; with sampling, n_best
         independent samples in the order drawn, each scored by the model's log-probability of its tokens.
@@ -118,9 +125,14 @@ class Translator:
             prefixes: per sentence, a target prefix (None or "": none): its pieces are produced first, with the
                 model's scores (part of each hypothesis' score), then decoding goes on freely; the text returned
                 starts with it.
+            should_stop: asked before each group of `engine.workers` batches of sentences (from the thread that
+                decodes); True stops the call there with `DecodingStopped` (a server's request whose client left).
+                Not an option of `DecodingConfig`: the outputs do not depend on it. None (the default): the engine
+                gets all batches in one call.
             options: as `translate`.
 
         Raises:
+            DecodingStopped: `should_stop()` returned True.
             ConfigError: an option is out of range (e.g. n_best > beam_size), or a sampling option is given
                 without sampling.
             OptionError: an unknown option, or prefixes not one per sentence.
@@ -134,7 +146,8 @@ class Translator:
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
             src_ids, n_truncated = self._with_eos(texts, ids)
-            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids)
+            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids,
+                                         should_stop=should_stop)
             self.stats.n_truncated = n_truncated
             outputs = [[(self.tokenizer.decode_tgt(h.tokens), h) for h in hyps] for hyps in hypotheses]
             if distinct:
@@ -214,7 +227,8 @@ class Translator:
         return out, n_truncated
 
     def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig, scores: bool = True,
-                   prefix_ids: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
+                   prefix_ids: Optional[list[Optional[list[int]]]] = None,
+                   should_stop: Optional[Callable[[], bool]] = None) -> list[list[Hypothesis]]:
         """Decode source id sequences with the engine, in batches of similar length (longest first); a None input
         gives `options.n_best` empty hypotheses (score 0).
 
@@ -224,9 +238,13 @@ class Translator:
             options: decoding settings (see `decoding_options`).
             scores: False: every `Hypothesis.score` is NaN (greedy decoding then skips its per-step log-softmax).
             prefix_ids: per sentence, forced target tokens (or None).
+            should_stop: see `translate_n_best`; None: all batches go to the engine in one `search` call.
 
         Returns:
             Per input, `options.n_best` hypotheses, best first.
+
+        Raises:
+            DecodingStopped: `should_stop()` returned True before a group of batches.
         """
         self.stats = TranslationStats(n_sentences=len(src_ids))
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
@@ -234,7 +252,7 @@ class Translator:
         chunks = _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options)
         batches = [SourceBatch([src_ids[i] for i in chunk],
                                None if prefix_ids is None else [prefix_ids[i] for i in chunk]) for chunk in chunks]
-        for chunk, decoded in zip(chunks, self.engine.search(batches, options, scores)):
+        for chunk, decoded in zip(chunks, self._search(batches, options, scores, should_stop)):
             for i, hyps in zip(chunk, decoded):
                 results[i] = hyps
         for hyps in results:
@@ -242,6 +260,20 @@ class Translator:
             self.stats.n_output_tokens += len(hyps[0].tokens)
         warn_length_cap(self.stats.n_hit_max_len, len(results), options)
         return results
+
+    def _search(self, batches: list[SourceBatch], options: DecodingConfig, scores: bool,
+                should_stop: Optional[Callable[[], bool]]) -> list[list[list[Hypothesis]]]:
+        """`engine.search` of the batches: in one call, or, with `should_stop`, one call per group of
+        `engine.workers` batches, each after asking `should_stop()` (DecodingStopped when True)."""
+        if should_stop is None:
+            return self.engine.search(batches, options, scores)
+        decoded: list[list[list[Hypothesis]]] = []
+        step = max(1, self.engine.workers)
+        for start in range(0, len(batches), step):
+            if should_stop():
+                raise DecodingStopped(f"stopped before batch {start + 1} of {len(batches)}")
+            decoded += self.engine.search(batches[start:start + step], options, scores)
+        return decoded
 
 
 def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:

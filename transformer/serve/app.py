@@ -1,17 +1,20 @@
 """The HTTP API and the page: `create_app(translator)` builds a FastAPI application around one loaded model.
 
     POST /translate   {"text": ["Ein Mann fährt Fahrrad.", ...], "beam_size": 4, "n_best": 2, ...}
-                      -> {"translations": [...], "n_best": [[{"text": ..., "score": ...}, ...], ...]}
+                      -> {"translations": [...], "truncated": [false, ...],
+                          "n_best": [[{"text": ..., "score": ...}, ...], ...]}
     POST /attention   {"text": "Ein Mann fährt Fahrrad."}
-                      -> the `transformer attention --format json` data (see `attention_plot`)
+                      -> the `transformer attention --format json` data (see `attention_plot`), "truncated" included
     GET  /health      model, vocabulary, device, uptime, limits and batching counts
     GET  /            the attention explorer (static HTML, CSS and JavaScript from `static/`, no CDN)
 
 Each route adapts `service.TranslationService`, which holds the validation and the work: the request models
 here check the JSON's types (their decoding fields are made from `DecodingConfig`'s fields), the service the rest.
 Bad input gets a 4xx response whose JSON names the field: `{"error": message, "field": "beam_size", "errors":
-[{"field": ..., "message": ...}, ...]}`. Requests never name files: the page's three files are read once at start-up
-and served from memory.
+[{"field": ..., "message": ...}, ...]}`; the server's HTTP layer answers malformed requests in the same form
+(`server.py`). A sentence longer than the model reads (its max_source_len tokens) is not refused: its start is
+translated and its entry of "truncated" is true. Requests never name files: the page's three files are read once
+at start-up and served from memory.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class Hypothesis(BaseModel):
 
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="one per input sentence, in input order")
+    truncated: list[bool] = Field(description="one per input sentence: true when the sentence was longer than the "
+                                  "model reads (its max_positions tokens) and only its start was translated")
     n_best: Optional[list[list[Hypothesis]]] = Field(None, description="when n_best was asked for: per sentence, "
                                                      "distinct texts first, best first")
     alignments: Optional[list[list[list[int]]]] = Field(None, description="when alignment was asked for: per "
@@ -157,8 +162,10 @@ class ClientGone(Exception):
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """The result of `work`, or, if the client disconnects first, `work` cancelled (sentences still waiting in the
-    batcher are then not decoded) and `ClientGone` raised."""
+    """The result of `work`, or, if the client disconnects first, `work` cancelled and `ClientGone` raised: the
+    batcher then does not decode sentences still waiting, and stops a running decoding call before its next batch
+    when no other request shares it (`batching.py`). uvicorn reports the disconnect as soon as the connection
+    closes, also while the decoding thread works (the event loop stays free)."""
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -179,10 +186,16 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+def error_body(problems: list[tuple[Optional[str], str]]) -> dict[str, Any]:
+    """The JSON form of every refusal, from (field, message) pairs: the first problem's message and field, and all
+    of them."""
+    return {"error": problems[0][1], "field": problems[0][0],
+            "errors": [{"field": f, "message": m} for f, m in problems]}
+
+
 def _error(status: int, problems: list[tuple[Optional[str], str]]) -> JSONResponse:
-    """The JSON form of every refusal: the first problem's message and field, and all of them."""
-    return JSONResponse({"error": problems[0][1], "field": problems[0][0],
-                         "errors": [{"field": f, "message": m} for f, m in problems]}, status_code=status)
+    """A refusal's answer: `error_body(problems)` with the HTTP status."""
+    return JSONResponse(error_body(problems), status_code=status)
 
 
 class _BodyLimits:

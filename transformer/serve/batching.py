@@ -7,12 +7,17 @@ other: its sentences carry their prefixes into the shared call, the others' none
 so the event loop keeps answering (health checks, new requests) while the model works, and requests that arrive
 during a decode are all taken together by the next one: the busier the server, the larger its batches (the batching
 of serving systems such as TensorFlow Serving and CTranslate2's asynchronous translate).
+
+A request whose future is done before its turn (its client went away: the web layer cancels it) is not decoded; a
+decoding call whose every request is done while it runs stops before its next batch of sentences (the decode
+function is given a `should_stop` check).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +25,26 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
 from ..config import DecodingConfig
-
-NBest = list[list[tuple[str, float]]]
-"""Per sentence, the n best (text, score) pairs, best first."""
+from ..translate import DecodingStopped
 
 Prefixes = Optional[list[Optional[str]]]
 """Per sentence, a target prefix its translation starts with (None or "": none); None when no sentence has one."""
+
+
+@dataclass(frozen=True)
+class Translated:
+    """One sentence's result of a decoding call."""
+
+    n_best: list[tuple[str, float]]
+    """The n best (text, score) pairs, best first."""
+    truncated: bool = False
+    """The sentence was longer than the engine's max_source_len: only its start was translated."""
+
+
+Decode = Callable[[list[str], Prefixes, DecodingConfig, Callable[[], bool]], list[Translated]]
+"""`(sentences, prefixes, options, should_stop) -> one Translated per sentence`: a decoding call, on the worker
+thread. `should_stop()` becomes True once every request of the call is gone; the function may then raise
+`translate.DecodingStopped` (`Translator.translate_n_best(..., should_stop=...)` does, before its next batch)."""
 
 T = TypeVar("T")
 
@@ -49,6 +68,9 @@ class BatchingStats:
     largest_batch_requests: int = 0
     abandoned_requests: int = 0
     """Requests whose client disconnected before their turn: not decoded."""
+    cancelled_requests: int = 0
+    """Requests whose client disconnected during their decoding call, when every request of that call had gone: the
+    call stopped before its next batch of sentences (not counted in requests, sentences or batches)."""
 
     def to_dict(self) -> dict[str, float]:
         d: dict[str, float] = dataclasses.asdict(self)
@@ -62,13 +84,13 @@ class RequestBatcher:
     """Collects the sentences of concurrent requests into shared decoding calls.
 
     Args:
-        translate_n_best: `(sentences, prefixes, options) -> NBest` (`prefixes`: see `Prefixes`), called on the
-            worker thread only (so the model is never used by two threads at once).
+        translate_n_best: the decoding call (`Decode`), called on the worker thread only (so the model is never
+            used by two threads at once).
         max_batch_sentences: stop collecting once this many sentences wait (a request is never split).
         max_wait_ms: how long (milliseconds) to keep collecting after the first waiting request.
     """
 
-    translate_n_best: Callable[[list[str], Prefixes, DecodingConfig], NBest]
+    translate_n_best: Decode
     max_batch_sentences: int = 64
     max_wait_ms: float = 5.0
     stats: BatchingStats = field(default_factory=BatchingStats)
@@ -100,8 +122,11 @@ class RequestBatcher:
         """Requests queued and not yet taken by a decoding call."""
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def translate(self, sentences: list[str], options: DecodingConfig, prefixes: Prefixes = None) -> NBest:
-        """Queue sentences for the next decoding call and wait for their n-best lists (in input order).
+    async def translate(self, sentences: list[str], options: DecodingConfig,
+                        prefixes: Prefixes = None) -> list[Translated]:
+        """Queue sentences for the next decoding call and wait for their results (in input order). Cancelling the
+        waiting caller (a client that went away) takes the request out: not decoded if its turn has not come, and
+        its decoding call stopped before its next batch if every request of that call is gone.
 
         Args:
             sentences: the request's sentences.
@@ -176,8 +201,12 @@ class RequestBatcher:
         prefixes: Prefixes = None  # no sentence has one: the search needs no forced-token rule
         if any(request.prefixes is not None for request in group):
             prefixes = [p for request in group for p in (request.prefixes or [None] * len(request.sentences))]
+        all_gone = _all_done(request.future for request in group)
         try:
-            results = await self.run_on_worker(self.translate_n_best, sentences, prefixes, options)
+            results = await self.run_on_worker(self.translate_n_best, sentences, prefixes, options, all_gone.is_set)
+        except DecodingStopped:  # every client of the call went away: their futures are cancelled already
+            self.stats.cancelled_requests += len(group)
+            return
         except Exception as err:  # noqa: BLE001 - handed to the requests that asked, the loop keeps serving
             for request in group:
                 if not request.future.done():
@@ -189,3 +218,20 @@ class RequestBatcher:
             if not request.future.done():  # a client that went away during the decode leaves a cancelled future
                 request.future.set_result(results[start:start + len(request.sentences)])
             start += len(request.sentences)
+
+
+def _all_done(futures: Any) -> threading.Event:
+    """An event set (in the event loop) once every one of `futures` is done; `is_set` may be read from any
+    thread."""
+    event, pending = threading.Event(), list(futures)
+    left = len(pending)
+
+    def one_done(_: asyncio.Future) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            event.set()
+
+    for future in pending:
+        future.add_done_callback(one_done)
+    return event

@@ -1,20 +1,24 @@
-"""Start the server: load the model once, build the app, run uvicorn."""
+"""Start the server: load the model once, build the app, run uvicorn with its h11 protocol adapted (`_Protocol`):
+a deadline for a request's headers, malformed requests answered in the JSON form of every refusal, and a shutdown
+that closes at once the connections with no request in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import sys
 from typing import Any, Optional
 
+import h11
 import torch
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from ..config import ConfigError
 from ..translate import Translator
-from .app import create_app
+from .app import create_app, error_body
 from .service import ServeLimits
 
 
@@ -39,10 +43,13 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
         compile: decode with the compiled step (`Translator.from_checkpoint(..., compile=True)`), compiled before the
             server starts answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
         shutdown_timeout_s: on SIGTERM or Ctrl-C, how long requests in flight may take to finish before they are
-            cancelled and their connections closed (new connections are refused at once).
+            cancelled and their connections closed (new connections are refused at once, connections with no
+            request in flight are closed at once).
 
     A connection whose request headers are not complete `limits.request_timeout_s` seconds after it opened (or after
-    its previous answer) is closed. On SIGTERM the server shuts down as above and returns (exit status 0).
+    its previous answer) is closed. A request that is not valid HTTP/1.1 (a malformed request line or header, such
+    as `Content-Length: abc`) gets 400 in the JSON form of every refusal, `"field": "headers"`, and its connection
+    is closed. On SIGTERM the server shuts down as above and returns (exit status 0).
 
     Raises:
         CheckpointError, DeviceError, OptionError: the model cannot be loaded as asked.
@@ -64,9 +71,8 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
         print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
               "GET /health)", file=sys.stderr, flush=True)
         limits = limits or ServeLimits()
-        protocol = type("H11WithHeaderDeadline", (_HeaderDeadline,), {"seconds": limits.request_timeout_s})
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
-                                http=protocol if limits.request_timeout_s else "h11",
+        protocol = type("H11Serve", (_Protocol,), {"header_timeout_s": limits.request_timeout_s})
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log, http=protocol,
                                 timeout_graceful_shutdown=shutdown_timeout_s)
         # uvicorn re-raises the signal that stopped it once it has shut down: a SIGTERM handled by a handler that
         # does nothing lets the command end normally (exit status 0), as a service manager expects
@@ -79,11 +85,19 @@ def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int =
         listening.close()
 
 
-class _HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request line and headers are not complete `seconds` after
-    it opened or after its previous answer (a client that stalls or trickles its headers)."""
+class _Protocol(H11Protocol):
+    """uvicorn's h11 protocol (one instance per connection) with three changes:
 
-    seconds: float = 30.0
+    - a connection whose request line and headers are not complete `header_timeout_s` seconds after it opened or
+      after its previous answer (a client that stalls or trickles its headers) is closed (0: no deadline);
+    - a request h11 cannot parse gets its 400 (or h11's status hint) as JSON, in the form of every other refusal
+      (`app.error_body`, `"field": "headers"`), where uvicorn answers plain text;
+    - at shutdown, a connection with no request in flight is closed at once, also one whose request's body is still
+      arriving (nothing is decoded before the whole body is there); uvicorn waits for such a one until the
+      drain deadline. A request whose body has arrived is answered, then its connection is closed.
+    """
+
+    header_timeout_s: float = 30.0
     _deadline: Optional[asyncio.TimerHandle] = None  # the pending close, while a request's headers are awaited
     _waiting_after: Any = None  # the request cycle current when it was armed (a new request makes a new one)
 
@@ -99,10 +113,35 @@ class _HeaderDeadline(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown of this connection (called once, when the server starts shutting down)."""
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_started and not self.transport.is_closing():
+            self.transport.close()  # its body has not all arrived: not in flight (the app reads a disconnect)
+            return
+        super().shutdown()  # idle: closed; a request in flight: answered, then closed
+
+    def send_400_response(self, msg: str) -> None:
+        """The answer to a request h11 cannot parse (uvicorn has logged "Invalid HTTP request received."). uvicorn
+        calls it while it handles h11's RemoteProtocolError, which says what is wrong ("bad Content-Length", ...)
+        and which status fits (400, or 431 for headers too large)."""
+        err = sys.exc_info()[1]
+        detail = str(err) if isinstance(err, h11.RemoteProtocolError) and str(err) else msg
+        status = err.error_status_hint if isinstance(err, h11.RemoteProtocolError) else 400
+        body = json.dumps(error_body([("headers", f"not a valid HTTP/1.1 request: {detail}")])).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status]),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
     def _arm(self) -> None:
         self._disarm()
+        if not self.header_timeout_s:
+            return
         self._waiting_after = self.cycle
-        self._deadline = self.loop.call_later(self.seconds, self._expire)
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expire)
 
     def _disarm(self) -> None:
         if self._deadline is not None:

@@ -14,8 +14,9 @@ only asyncio (`batching.py`): it and its tests run without FastAPI or pydantic i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +25,9 @@ from ..attention_plot import AttentionPlotError, attention_for
 from ..config import ConfigError, DecodingConfig
 from ..decoding.options import SERVER_BATCHING, option_fields
 from ..translate import Translator
-from .batching import NBest, Prefixes, RequestBatcher
+from .batching import Prefixes, RequestBatcher, Translated
+
+log = logging.getLogger(__name__)
 
 TRANSLATE_OPTIONS = option_fields(exclude=SERVER_BATCHING)
 """The decoding options a /translate request may set: every field of `DecodingConfig` but the batching, which is the
@@ -70,7 +73,9 @@ class TranslationService:
         max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
 
     Attributes:
-        translator, checkpoint, limits: as given.
+        translator, checkpoint, limits: as given. The service reports truncated inputs itself (the answers'
+            `truncated` field and one log line per request naming the sentences): the translator's own warning,
+            which would number the sentences of a whole decoding call, is off during the service's calls.
         batcher: the `RequestBatcher` that decodes every request's sentences; `start` and `stop` run it.
 
     Every method raises `RequestError` for a request it refuses (422 for bad input, 501 for what the engine cannot
@@ -104,9 +109,13 @@ class TranslationService:
             alignment: also answer each translation's word alignment (needs the engine's `attention_model`).
 
         Returns:
-            {"translations": one per sentence, "beam_size", "elapsed_ms"}; with n_best also "n_best" (per sentence,
-            [{"text", "score"}, ...], best first); with alignment also "alignments" (per sentence, [source word,
-            target word] pairs).
+            {"translations": one per sentence, "truncated": one bool per sentence (True: longer than the engine's
+            max_source_len tokens, only its start was translated; logged), "beam_size", "elapsed_ms"}; with n_best
+            also "n_best" (per sentence, [{"text", "score"}, ...], best first); with alignment also "alignments"
+            (per sentence, [source word, target word] pairs, of the part translated).
+
+        A request whose caller is cancelled (its client went away) while it waits is not decoded; while its
+        decoding call runs, the call stops before its next batch of sentences if no other request shares it.
         """
         start = time.perf_counter()
         sentences = self._sentences(text)
@@ -120,12 +129,17 @@ class TranslationService:
             raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
                                f"folder); this server runs a {engine.name} model, which has no attention to read")
         results = await self.batcher.translate(sentences, decoding, prefix)
-        response: dict[str, Any] = {"translations": [hyps[0][0] for hyps in results], "beam_size": decoding.beam_size}
+        truncated = [result.truncated for result in results]
+        if any(truncated):
+            self._log_truncated("/translate", [i for i, cut in enumerate(truncated) if cut], len(sentences))
+        response: dict[str, Any] = {"translations": [result.n_best[0][0] for result in results],
+                                    "truncated": truncated, "beam_size": decoding.beam_size}
         if alignment:
             pairs = await self.batcher.run_on_worker(self.translator.align, sentences, response["translations"])
             response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
         if options.get("n_best") is not None:
-            response["n_best"] = [[{"text": text, "score": score} for text, score in hyps] for hyps in results]
+            response["n_best"] = [[{"text": text, "score": score} for text, score in result.n_best]
+                                  for result in results]
         response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
         return response
 
@@ -136,6 +150,10 @@ class TranslationService:
         Args:
             text: one sentence.
             options: decoding options (`ATTENTION_OPTIONS`).
+
+        Returns:
+            `attention_for`'s dict; its "truncated" is True (and logged) when the sentence was longer than the
+            engine's max_source_len tokens: the translation and the weights are those of its start.
         """
         engine = self.translator.engine
         if engine.attention_model is None:
@@ -144,9 +162,12 @@ class TranslationService:
         sentence = self._sentences([text], one=True)[0]
         decoding = self._options(options, ATTENTION_OPTIONS, n_best=1)
         try:
-            return await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
+            data = await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
         except AttentionPlotError as err:
             raise RequestError(422, "text", str(err)) from None
+        if data["truncated"]:
+            self._log_truncated("/attention", [0], 1)
+        return data
 
     def health(self) -> dict[str, Any]:
         """Model, vocabulary, device, uptime (seconds), limits, decoding defaults and batching counts."""
@@ -168,9 +189,30 @@ class TranslationService:
                          "max_wait_ms": self.batcher.max_wait_ms, **self.batcher.stats.to_dict()},
         }
 
-    def _translate_n_best(self, sentences: list[str], prefixes: Prefixes, options: DecodingConfig) -> NBest:
-        """One decoding call of the batcher (on its worker thread): `options` given back whole."""
-        return self.translator.translate_n_best(sentences, prefixes=prefixes, **asdict(options))
+    def _translate_n_best(self, sentences: list[str], prefixes: Prefixes, options: DecodingConfig,
+                          should_stop: Callable[[], bool]) -> list[Translated]:
+        """One decoding call of the batcher (on its worker thread, `batching.Decode`): `options` given back whole,
+        each sentence marked truncated or not from the translator's `stats` of this very call.
+
+        Raises:
+            DecodingStopped: `should_stop()` became True (every request of the call is gone).
+        """
+        translator = self.translator
+        warn, translator.warn_truncated = translator.warn_truncated, False  # said per request instead (`translate`)
+        try:
+            results = translator.translate_n_best(sentences, prefixes=prefixes, should_stop=should_stop,
+                                                  **asdict(options))
+        finally:
+            translator.warn_truncated = warn
+        truncated = set(translator.stats.truncated)
+        return [Translated(hyps, i in truncated) for i, hyps in enumerate(results)]
+
+    def _log_truncated(self, route: str, indices: list[int], n_sentences: int) -> None:
+        """Log the sentences of one request whose start only was translated."""
+        where = ", ".join(f"text[{i}]" for i in indices) if route == "/translate" else "text"
+        limit = self.translator.engine.max_source_len
+        log.warning("%s: %d of %d sentences longer than the model's max_source_len=%d tokens, only their first %d "
+                    "translated (%s)", route, len(indices), n_sentences, limit, limit - 1, where)
 
     def _options(self, given: Mapping[str, Any], allowed: list[dataclasses.Field],
                  n_best: Optional[int] = None) -> DecodingConfig:
