@@ -49,6 +49,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import Config, load_config
 from transformer.device import resolve_precision, reuse_freed_memory
+from transformer.fast.dropout import use_fast_cpu_dropout
 from transformer.model import Transformer
 from transformer.training.data import epoch_batches, prepare_data
 from transformer.training.loss import LossComputation
@@ -110,6 +111,7 @@ def main() -> None:
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="bench_train_"))
     _, train, _ = prepare_data(config, run_dir)
     model = Transformer(config.model)
+    use_fast_cpu_dropout(model)  # as `transformer train` on the CPU (training/trainer.py)
     optimizer = build_optimizer(model, config.training, torch.device("cpu"))
     batches = epoch_batches(train, config, epoch=0)
     module = LossComputation(model, config.training.label_smoothing).train()

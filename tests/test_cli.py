@@ -379,7 +379,8 @@ def test_translate_a_file_chunk_by_chunk(trained_run, tmp_path, monkeypatch, cap
     class WatchedReader(transformer.data.text.LineReader):
         def read(self, n):
             read_before = sum(chunk for _, _, chunk in seen)
-            written = out.read_text(encoding="utf-8").count("\n") if out.exists() else 0
+            partial = out.with_name(out.name + ".partial")  # where translate writes until it is done
+            written = partial.read_text(encoding="utf-8").count("\n") if partial.exists() else 0
             chunk = super().read(n)
             seen.append((read_before, written, len(chunk)))
             return chunk

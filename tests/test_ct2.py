@@ -227,8 +227,8 @@ def test_translate_and_evaluate_accept_the_exported_folder(exported, trained_run
         outputs.append(capsys.readouterr().out)
         # greedy with --n-best asks for scores (plain greedy translation does not compute them)
         assert main(["translate", "--checkpoint", model, "--beam-size", "1", "--n-best", "1", sentences[0]]) == 0
-        index, score, text = capsys.readouterr().out.rstrip("\n").split("\t")
-        assert index == "0" and math.isfinite(float(score)) and float(score) <= 0 and text
+        index, score, text, end = capsys.readouterr().out.rstrip("\n").split("\t")
+        assert index == "0" and math.isfinite(float(score)) and float(score) <= 0 and text and end in ("eos", "cut")
     assert outputs[0] == outputs[1] and outputs[0].split("\n")[1] == ""
     assert main(["translate", "--checkpoint", str(exported), "--beam-size", "4", "--n-best", "2",
                  "Ein Hund läuft."]) == 0

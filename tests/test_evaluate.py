@@ -1,3 +1,5 @@
+import logging
+
 import sacrebleu
 
 from transformer.evaluate import bleu_tokenizer, corpus_scores
@@ -20,3 +22,15 @@ def test_languages_without_spaces_get_their_tokenizer():
     hyps, refs = ["猫が座った。"], ["猫が座っていた。"]
     assert corpus_scores(hyps, refs, "zh").bleu_signature.count("tok:zh") == 1
     assert corpus_scores(hyps, refs, "en", tokenize="char").bleu > corpus_scores(hyps, refs, "en").bleu
+
+
+def test_detokenized_hypotheses_ending_in_a_spaced_period_raise_no_detokenize_warning(caplog):
+    """A weak model writes "a dog runs ." (its output, detokenized by us): sacrebleu must not tell the user that
+    they forgot to detokenize their test data."""
+    from transformer.evaluate import corpus_scores
+
+    hyps = ["a dog runs ."] * 120
+    with caplog.at_level(logging.WARNING):
+        scores = corpus_scores(hyps, ["A dog runs."] * 120)
+    assert 0 < scores.bleu < 100
+    assert "detokenize" not in caplog.text

@@ -1,5 +1,6 @@
 """Hugging Face Marian models in and out (`transformer/hf.py`), checked against `transformers` itself on tiny models
-built here (no network): logits, greedy and beam outputs, round trips that keep every tensor, and every refusal."""
+built here (no network): logits, greedy and beam outputs, round trips that keep every tensor (ours) or the same
+function (Marian's, written back in our vocabulary order), and every refusal."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def export_huggingface(checkpoint, output):
 
 
 safetensors = pytest.importorskip("safetensors.torch")
+
+
+def _our_id_of_each_marian_row(folder):
+    """Our token id of each row of a Marian folder's vocabulary, as the import orders them (its decoder start row is
+    our bos, also when it is the pad row)."""
+    from transformer.hf import _import_vocabulary
+
+    rows = _import_vocabulary(folder, json.loads((folder / "config.json").read_text()))[1]
+    ours = torch.zeros(max(rows) + 1, dtype=torch.long)
+    ours[torch.tensor(rows)] = torch.arange(len(rows))  # bos (our id 2) is written after pad (0): it wins
+    return ours
 
 
 def _hf(folder):
@@ -67,7 +79,7 @@ def test_imported_marian_model_gives_the_logits_of_transformers(marian_dir):
     lines = sentences(6, seed=3)
     lines[0] = ">>fra<< " + lines[0]  # a target-language token, kept as one piece
     batch = tokenizer(lines, return_tensors="pt", padding=True)
-    to_marian = torch.tensor(ours.export_order)  # our id of each Marian id
+    to_marian = _our_id_of_each_marian_row(marian_dir)  # our id of each Marian id
     our_src = [torch.tensor(ids) for ids in ours.encode_src(lines)]
     for row, ids in zip(batch.input_ids, our_src):
         assert to_marian[row[: len(ids)]].tolist() == ids.tolist()  # same tokens, our ids
@@ -79,7 +91,7 @@ def test_imported_marian_model_gives_the_logits_of_transformers(marian_dir):
     with torch.no_grad():
         theirs = hf(**batch, decoder_input_ids=tgt_marian).logits  # (batch, 5, marian vocab)
         logits = model(src, tgt_ours)  # (batch, 5, our vocab)
-    kept = [i for i in range(len(ours.export_order)) if i != hf.config.pad_token_id]  # pad: never produced
+    kept = [i for i in range(len(to_marian)) if i != hf.config.pad_token_id]  # pad: never produced
     assert (logits[..., to_marian[kept]] - theirs[..., kept]).abs().max() < 1e-4
 
 
@@ -94,15 +106,24 @@ def test_imported_model_translates_as_generate_does(marian_dir, beam_size):
     assert 0 < translator.stats.n_hit_max_len < len(lines)  # some end with eos before the cap, some do not
 
 
-def test_marian_to_ours_to_marian_keeps_every_tensor(marian_dir, tmp_path):
-    out = export_huggingface(marian_dir, tmp_path / "again")
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_marian_to_ours_to_marian_is_the_same_function_in_our_row_order(marian_dir, tmp_path, num_beams):
+    out = export_huggingface(marian_dir, tmp_path / f"again{num_beams}")
     before = safetensors.load_file(str(marian_dir / "model.safetensors"))
     after = safetensors.load_file(str(out / "model.safetensors"))
     assert before.keys() == after.keys()
+    to_ours = _our_id_of_each_marian_row(marian_dir)
     for name in before:
-        assert torch.equal(before[name], after[name]), name
-    assert json.loads((out / "vocab.json").read_text()) == json.loads((marian_dir / "vocab.json").read_text())
-    assert _generate(out, sentences(8, 2), 1, 10) == _generate(marian_dir, sentences(8, 2), 1, 10)
+        if name == "model.shared.weight":  # vocabulary rows: Marian's row r is now row to_ours[r]
+            assert torch.equal(before[name], after[name][to_ours])
+        elif name == "final_logits_bias":
+            assert torch.equal(before[name], after[name][:, to_ours])
+        else:
+            assert torch.equal(before[name], after[name]), name
+    exported = json.loads((out / "config.json").read_text())
+    assert (exported["pad_token_id"], exported["decoder_start_token_id"], exported["eos_token_id"]) == (0, 2, 3)
+    lines = sentences(12, 2)
+    assert _generate(out, lines, num_beams, 10) == _generate(marian_dir, lines, num_beams, 10)
 
 
 def test_ours_to_marian_to_ours_keeps_every_tensor_and_translates_alike(tmp_path):
@@ -189,7 +210,8 @@ def test_import_refuses_what_our_model_cannot_express(tmp_path, field, value, me
 def test_decoder_start_other_than_pad_is_kept(tmp_path):
     folder = write_marian(tmp_path / "m", decoder_start_is_pad=False)  # starts with >>fra<< (id 2)
     config, model, tokenizer = load_model(folder)
-    assert config.model.tgt_vocab_size == len(tokenizer.export_order)  # no extra row: start has its own
+    marian_size = json.loads((folder / "config.json").read_text())["vocab_size"]
+    assert config.model.tgt_vocab_size == marian_size  # no extra row: start has its own
     lines = sentences(10, seed=5)
     ours = Translator(PyTorchEngine(model, tokenizer, config)).translate(
         lines, beam_size=1, max_len_a=0.0, max_len_b=12)

@@ -8,8 +8,13 @@ attention of the incremental decoder (cached decoding equals the full pass, to f
 are the weights the model used to translate (with `--quantization int8`, those of the float32 model it was
 quantized from).
 
+The translation is greedy unless options say otherwise (`attention_options`: the same default for
+`transformer attention` and the server's /attention). A sentence longer than the model's max_positions is
+truncated as translation truncates it (`translate.source_within`): the weights index the part translated.
+
 JSON format (`--format json`), n = n_heads, S = source pieces (eos included), T = target pieces + 1:
     translation      the output text
+    truncated        true when only the sentence's start was translated (S = max_positions)
     src_pieces       S labels; tgt_in_pieces: T labels ("<s>" + output pieces); tgt_out_pieces: T labels
                      (output pieces + "</s>"): position t reads tgt_in[t] and predicts tgt_out[t]
     encoder_self     [n_encoder_layers][n][S][S]   (query source position, key source position)
@@ -22,13 +27,16 @@ Every row sums to 1.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from .config import BOS_ID, DecodingConfig, OptionError
-from .translate import Translator
+from .translate import Translator, source_within
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("cross", "encoder_self", "decoder_self")
 TITLES = {"cross": "encoder-decoder attention", "encoder_self": "encoder self-attention",
@@ -36,8 +44,23 @@ TITLES = {"cross": "encoder-decoder attention", "encoder_self": "encoder self-at
 
 
 class AttentionPlotError(OptionError):
-    """A bad layer, head, kind or output suffix (named as parameters; the CLI spells them as flags), a sentence
-    too long for the model, or matplotlib missing."""
+    """A bad layer, head, kind or output suffix (named as parameters; the CLI spells them as flags), or matplotlib
+    missing."""
+
+
+ATTENTION_SEARCH = {"beam_size": 1}
+"""What the translation shown differs in from the config's decoding defaults, unless options say otherwise."""
+
+
+def attention_options(translator: Translator, options: Optional[dict[str, Any]] = None) -> DecodingConfig:
+    """The decoding of the translation whose attention is shown: the given options (`DecodingConfig` fields; None
+    values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis.
+
+    Raises:
+        ConfigError: an option out of range.
+    """
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    return translator.decoding_options(**{**ATTENTION_SEARCH, **given, "n_best": 1})
 
 
 def attention_for(translator: Translator, sentence: str, options: Optional[DecodingConfig] = None) -> dict:
@@ -46,27 +69,22 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
     Args:
         translator: the model.
         sentence: one source sentence.
-        options: decoding of the translation (default: greedy, the config's other settings); the best
+        options: decoding of the translation (default: `attention_options(translator)`, greedy); the best
             hypothesis is used whatever its n_best.
 
     Returns:
         A dict with the JSON fields; weights as nested lists of floats.
 
     Raises:
-        AttentionPlotError: the translator's engine has no attention to read (CTranslate2), or the sentence is
-            longer than the model's max_positions (in pieces).
+        AttentionPlotError: the translator's engine has no attention to read (CTranslate2).
     """
     model = translator.engine.attention_model
     if model is None:
         raise AttentionPlotError(f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
                                  f"{translator.engine.name} model has no attention to read")
     tokenizer = translator.tokenizer
-    src_ids = tokenizer.encode_src([sentence.strip()])[0]
-    limit = model.config.max_positions
-    if len(src_ids) > limit:
-        raise AttentionPlotError(f"the sentence has {len(src_ids)} pieces (eos included); the model reads at most "
-                                 f"max_positions={limit}")
-    options = options or translator.decoding_options(beam_size=1, n_best=1)
+    src_ids, truncated = source_within(tokenizer.src_ids([sentence.strip()])[0], translator.engine.max_source_len)
+    options = options or attention_options(translator)
     hyp = translator.decode_ids([src_ids], options)[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = next(model.parameters()).device
@@ -76,7 +94,8 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
         _, weights = model.forward_with_attention(src, tgt_in)
     return {
         "translation": text,
-        "src_pieces": tokenizer.src_pieces(sentence.strip()),
+        "truncated": truncated,
+        "src_pieces": tokenizer.src_pieces(sentence.strip())[:len(src_ids) - 1] + ["</s>"],
         "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
         "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
         **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},
@@ -166,8 +185,10 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
     if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttentionPlotError("{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out)
-    data = attention_for(translator, sentence, translator.decoding_options(**{"beam_size": 1, **(options or {}),
-                                                                              "n_best": 1}))
+    data = attention_for(translator, sentence, attention_options(translator, options))
+    if data["truncated"]:
+        logger.warning("the sentence is longer than the model's max_positions=%d tokens: its first %d translated and "
+                       "shown", translator.engine.max_source_len, translator.engine.max_source_len - 1)
     if fmt == "json":
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(data))

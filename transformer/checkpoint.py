@@ -8,7 +8,7 @@ reads four of its keys (`load_for_inference`); the full list, and what training 
     config       the resolved config as a plain dict (`Config.to_dict()`)
     vocab_sizes  [src_vocab_size, tgt_vocab_size]
     tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models; an imported vocabulary
-                 adds "vocab" and "export_order" (lists, see `Tokenizer`)
+                 adds "vocab" (the piece of each id, see `Tokenizer`)
 """
 
 from __future__ import annotations

@@ -14,14 +14,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from tqdm import tqdm
-
 from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
 from .config import ConfigError, OptionError, load_config
 from .ct2 import QUANTIZATIONS, ExportError
 from .data import DataError, LineReader, count_lines
-from .data.text import close_output, input_chunks, is_streaming, silence_stdout, utf8_stdout, write_and_flush
+from .data.text import TranslationOutput, input_chunks, is_streaming, silence_stdout
 from .decoding.alignment import pharaoh
 from .decoding.options import option_fields
 from .device import DeviceError, reuse_freed_memory
@@ -265,62 +263,74 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
-    if (args.output and args.input and Path(args.output).exists() and Path(args.input).exists()
-            and Path(args.output).samefile(args.input)):
-        raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
+    _check_translate_inputs(args)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
                                             workers=args.workers, compile=args.compile)
+    translator.warn_truncated = False  # said below with the line number
     n_best = args.n_best or 1
     translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none to "
                           "read")
     _note_compile(args)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     if args.prefix_file and (args.sentences or args.input):  # a mismatch fails before any output
         n_input = len(args.sentences) if args.sentences else count_lines(args.input)
         if count_lines(args.prefix_file) != n_input:
             raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
                             f"{n_input}: give one prefix line (empty for none) per input line")
     prefix_reader = LineReader(args.prefix_file) if args.prefix_file else None
-    out = open(args.output, "w", encoding="utf-8") if args.output else utf8_stdout()
-    index = 0
+    out, index, complete = TranslationOutput(args.output), 0, False
     try:
         show = bool(args.output) or not sys.stdout.isatty()
         growing = not args.output and is_streaming(sys.stdout)
         for lines in input_chunks(args.sentences, args.input, args.buffer_size, show, growing=growing):
             prefixes = prefix_reader.read(len(lines)) if prefix_reader else None
             if prefixes is not None and len(prefixes) < len(lines):
-                raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, fewer than the "
-                                "input's: give one prefix line (empty for none) per input line")
+                raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
+                                f"least {index + len(lines)}: give one prefix line (empty for none) per input line")
             chunk = []
             results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best), prefixes=prefixes,
                                                   **_decoding_kwargs(args))
-            for line, hyps in zip(lines, results):
+            for i in translator.stats.truncated:
+                logger.warning("line %d has more than the model's max_positions=%d tokens: its first %d translated",
+                               index + i + 1, translator.engine.max_source_len, translator.engine.max_source_len - 1)
+            for line, hyps, ends in zip(lines, results, translator.stats.finished):
                 texts = [text for text, _ in hyps]
                 if args.alignment:
                     texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, translator.align([line] * len(texts), texts))]
-                chunk += ([f"{index}\t{score:.4f}\t{t}\n" for t, (_, score) in zip(texts, hyps)] if args.n_best
-                          else [texts[0] + "\n"])
+                chunk += ([f"{index}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
+                           for t, (_, score), end in zip(texts, hyps, ends)] if args.n_best else [texts[0] + "\n"])
                 index += 1
-            write_and_flush(out, "".join(chunk), args.output or "stdout")
+            out.write("".join(chunk), len(lines))
         if prefix_reader and prefix_reader.read(1):
-            raise DataError(f"--prefix-file {args.prefix_file}: more lines than the input's {index}")
+            raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
+                            f"{index}: give one prefix line (empty for none) per input line")
+        complete = True
     finally:
-        if args.output:
-            close_output(out, args.output)
         if prefix_reader:
             prefix_reader.close()
+        out.close(complete)
     return 0
 
 
-EVALUATE_CHUNK = 2000
-"""Sentences `evaluate` decodes between progress-bar updates (sorted by length within each)."""
+def _check_translate_inputs(args: argparse.Namespace) -> None:
+    """Refuse inputs given twice or a checkpoint given as a sentence, and an --output that is the --input."""
+    paths = [s for s in args.sentences[:8]
+             if s.strip() and (s.endswith(".pt") or Path(s).is_dir()) and Path(s).exists()]
+    hint = f"; for an ensemble, repeat the flag: --checkpoint {args.checkpoint[-1]} --checkpoint {paths[0]}" \
+        if paths else ""
+    if args.sentences and args.input:
+        raise ConfigError(f"sentences given as arguments ({len(args.sentences)}) and --input {args.input}: give one "
+                          f"or the other{hint}")
+    if paths:
+        raise ConfigError(f"the sentence argument {paths[0]} is a model, not a sentence{hint}")
+    if (args.output and args.input and Path(args.output).exists() and Path(args.input).exists()
+            and Path(args.output).samefile(args.input)):
+        raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, write_results
+    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, translate_test_set, write_results
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
@@ -331,11 +341,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
                                                   " ".join(args.checkpoint))
     _note_compile(args)
-    hyps: list[str] = []
-    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
-        for start in range(0, len(src), EVALUATE_CHUNK):
-            hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **_decoding_kwargs(args))
-            bar.update(min(EVALUATE_CHUNK, len(src) - start))
+    hyps = translate_test_set(translator, src, **_decoding_kwargs(args))
     scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**_decoding_kwargs(args))
     length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
@@ -378,9 +384,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_plot import run
 
-    options = {"beam_size": 1, **{k: v for k, v in _decoding_kwargs(args).items() if v is not None}}  # greedy unless
     out = run(args.checkpoint, args.sentence, args.out, layer=args.layer, head=args.head, kind=args.kind,
-              fmt=args.format, options=options, device=args.device)
+              fmt=args.format, options=_decoding_kwargs(args), device=args.device)
     print(f"wrote {out}")
     return 0
 

@@ -147,7 +147,7 @@ def export_ctranslate2(config: Config, model: Any, tokenizer: Tokenizer, output_
                     "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
                     "checkpoint": origin, "quantization": quantization or "float32",
                     "sentencepiece": [f.name for f in files if f.suffix == ".model"],
-                    "vocab": tokenizer.vocab, "export_order": tokenizer.export_order}
+                    "vocab": tokenizer.vocab}
         (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
 
     write_folder(output_dir, write)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import sacrebleu
+from tqdm import tqdm
 
 from .config import Config, ConfigError, OptionError, override_config
 from .data import DataError, load_split, read_lines
 from .files import write_file
+from .translate import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,32 @@ def check_bleu_tokenizer(name: str) -> None:
         raise OptionError(f"{{tokenize}}: sacrebleu's BLEU tokenizers are {', '.join(names)}", tokenize=name)
 
 
+EVALUATE_CHUNK = 2000
+"""Sentences `translate_test_set` decodes between progress-bar updates (sorted by length within each)."""
+
+
+def translate_test_set(translator: Translator, src: list[str], **options: Any) -> list[str]:
+    """Translate a test set with a progress bar on stderr (`Translator.translate`), and name once the lines longer
+    than the model reads (translated from their start: `translate.source_within`).
+
+    Args:
+        options: decoding options, as `Translator.translate` takes them.
+    """
+    hyps: list[str] = []
+    truncated: list[int] = []
+    translator.warn_truncated = False  # said below, once
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+        for start in range(0, len(src), EVALUATE_CHUNK):
+            hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **options)
+            truncated += [start + i + 1 for i in translator.stats.truncated]
+            bar.update(min(EVALUATE_CHUNK, len(src) - start))
+    if truncated:
+        logger.warning("%d source lines have more than the model's max_positions=%d tokens: truncated, their start "
+                       "translated (lines %s)", len(truncated), translator.engine.max_source_len,
+                       ", ".join(map(str, truncated[:10])) + (", ..." if len(truncated) > 10 else ""))
+    return hyps
+
+
 def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]], tgt_lang: str = "en",
                   tokenize: str | None = None) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses, as the sacrebleu command line scores them.
@@ -82,7 +111,8 @@ def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]]
     for i, stream in enumerate(streams):
         if len(stream) != len(hypotheses):
             raise ValueError(f"{len(hypotheses)} hypotheses but {len(stream)} references in stream {i + 1}")
-    bleu = sacrebleu.BLEU(tokenize=tokenize or bleu_tokenizer(tgt_lang))
+    # force: our hypotheses are detokenized; a weak model's " ." endings are its output, not a tokenized test set
+    bleu = sacrebleu.BLEU(tokenize=tokenize or bleu_tokenizer(tgt_lang), force=True)
     chrf = sacrebleu.CHRF()
     bleu_score = bleu.corpus_score(hypotheses, streams)
     chrf_score = chrf.corpus_score(hypotheses, streams)

@@ -13,10 +13,11 @@ scaled, shared embeddings and sinusoidal positions, as ours. It differs in three
    depend on the order of those coordinates), so export reorders the weights' d_model axes into Marian's order
    (`marian_order`) and import reorders them back. Nothing is approximated: tensors are permuted, not changed.
 2. Its vocabulary puts eos at 0 and pad last, has no bos, and starts decoding with the pad token; ours fixes
-   pad 0, unk 1, bos 2, eos 3 and starts with bos. Import reorders the vocabulary rows so that Marian's special
-   tokens take our ids (its decoder start row becomes our bos row; pad too when they are one token) and keeps
-   the order for the way back (`Tokenizer.export_order`); export of our own model writes our ids as they are,
-   with bos as the decoder start token.
+   pad 0, unk 1, bos 2, eos 3 and starts with bos. Import reorders the vocabulary rows once, here, so that
+   Marian's special tokens take our ids (its decoder start row becomes our bos row; pad too when they are one
+   token); nothing past the import knows Marian's order. Export writes our ids as they are, with bos as the
+   decoder start token, so an imported model exported again is the same function in our row order (the same
+   outputs from `generate`, not the same files).
 3. Its output projection has a bias (`final_logits_bias`) and OPUS-MT models use the swish activation: the config
    options `model.output_bias` and `model.activation: swish`.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -126,20 +127,14 @@ def _check_exportable(config: Config, tokenizer: Tokenizer) -> None:
         raise ExportError("cannot export as a Hugging Face Marian model: " + "; ".join(reasons))
 
 
-def to_marian_state(model: Transformer, config: Config, export_order: Optional[list[int]] = None
-                    ) -> dict[str, Tensor]:
-    """Our weights as MarianMTModel's state dict (float32, contiguous).
-
-    Args:
-        export_order: the token id of each row of Marian's vocabulary (default: our ids as they are).
-    """
+def to_marian_state(model: Transformer, config: Config) -> dict[str, Tensor]:
+    """Our weights as MarianMTModel's state dict (float32, contiguous), vocabulary rows in our id order."""
     ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     order = marian_order(config.model.d_model)
     d = config.model.d_model
-    rows = torch.arange(config.model.tgt_vocab_size) if export_order is None else torch.tensor(export_order)
-    out = {"model.shared.weight": ours["decoder.embedding.embedding.weight"][rows][:, order]}
+    out = {"model.shared.weight": ours["decoder.embedding.embedding.weight"][:, order]}
     bias = ours.get("output_projection.bias")
-    out["final_logits_bias"] = (torch.zeros(len(rows)) if bias is None else bias[rows])[None]
+    out["final_logits_bias"] = (torch.zeros(config.model.tgt_vocab_size) if bias is None else bias)[None]
     for our_name, name, kind in _layer_names(config):
         weight, bias = ours[f"{our_name}.weight"], ours[f"{our_name}.bias"]
         if kind == "qkv":
@@ -153,13 +148,13 @@ def to_marian_state(model: Transformer, config: Config, export_order: Optional[l
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def marian_config(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
-    """The `config.json` of the export: MarianConfig's fields, and ours under `CONFIG_KEY`."""
+def marian_config(config: Config) -> dict[str, Any]:
+    """The `config.json` of the export: MarianConfig's fields (our ids as they are, bos the decoder start token),
+    and ours under `CONFIG_KEY`."""
     m = config.model
-    special = _special_ids(tokenizer)
     return {
         "architectures": ["MarianMTModel"], "model_type": "marian",
-        "vocab_size": len(_export_rows(tokenizer)), "decoder_vocab_size": len(_export_rows(tokenizer)),
+        "vocab_size": m.tgt_vocab_size, "decoder_vocab_size": m.tgt_vocab_size,
         "d_model": m.d_model, "encoder_layers": m.n_encoder_layers, "decoder_layers": m.n_decoder_layers,
         "encoder_attention_heads": m.n_heads, "decoder_attention_heads": m.n_heads,
         "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff, "activation_function": m.activation,
@@ -167,46 +162,28 @@ def marian_config(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
         "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "init_std": 0.02,
         "scale_embedding": True, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
         "is_encoder_decoder": True, "use_cache": True, "normalize_embedding": False, "static_position_embeddings": True,
-        "pad_token_id": special["pad"], "eos_token_id": special["eos"],
-        "decoder_start_token_id": special["start"], "forced_eos_token_id": None,
+        "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID, "forced_eos_token_id": None,
         CONFIG_KEY: {"config": config.to_dict(), "vocab_sizes": [m.src_vocab_size, m.tgt_vocab_size]},
     }
 
 
-def _export_rows(tokenizer: Tokenizer) -> list[int]:
-    """Our token id of each row of the exported vocabulary."""
-    return tokenizer.export_order or list(range(tokenizer.tgt_vocab_size))
-
-
-def _special_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    """Marian's ids of pad, eos, unk and the decoder start token in the exported vocabulary."""
-    rows = _export_rows(tokenizer)
-    ids = {"pad": rows.index(PAD_ID) if PAD_ID in rows else rows.index(BOS_ID),  # one token for pad and start
-           "eos": rows.index(EOS_ID), "unk": rows.index(UNK_ID), "start": rows.index(BOS_ID)}
-    return ids
-
-
 def _vocabulary(tokenizer: Tokenizer) -> dict[str, int]:
-    """vocab.json: each exported piece and its Marian id (the first id of a piece that occurs twice)."""
+    """vocab.json: each piece and its id (the first id of a piece that occurs twice)."""
     pieces: dict[str, int] = {}
-    special = _special_ids(tokenizer)
-    names = {special["pad"]: "<pad>", special["eos"]: "</s>", special["unk"]: "<unk>"}
-    for marian_id, our_id in enumerate(_export_rows(tokenizer)):
-        piece = names.get(marian_id) or tokenizer.id_to_piece(our_id)
-        pieces.setdefault(piece, marian_id)
+    names = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>"}
+    for i in range(tokenizer.tgt_vocab_size):
+        pieces.setdefault(names.get(i) or tokenizer.id_to_piece(i), i)
     return pieces
 
 
-def generation_config(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
+def generation_config(config: Config) -> dict[str, Any]:
     """generation_config.json: our decoding defaults in `generate`'s terms. Pad and bos are never produced (as in
     our search). `generate` divides beam scores by length^α, ours by ((5 + length) / 6)^α: the same α is written."""
-    special = _special_ids(tokenizer)
-    suppressed = sorted({special["pad"], special["start"]})
     d = config.decoding
-    return {"decoder_start_token_id": special["start"], "eos_token_id": special["eos"],
-            "pad_token_id": special["pad"], "forced_eos_token_id": None, "num_beams": d.beam_size,
+    return {"decoder_start_token_id": BOS_ID, "eos_token_id": EOS_ID,
+            "pad_token_id": PAD_ID, "forced_eos_token_id": None, "num_beams": d.beam_size,
             "length_penalty": d.length_penalty, "max_length": config.model.max_positions,
-            "suppress_tokens": suppressed, "bad_words_ids": None}
+            "suppress_tokens": [PAD_ID, BOS_ID], "bad_words_ids": None}
 
 
 def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer, output_dir: str | Path,
@@ -217,7 +194,7 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
 
     Args:
         config, model, tokenizer: as `checkpoint.load_for_inference` returns them (one of our checkpoints, or a
-            Marian folder imported, which is then written again with every tensor as it was).
+            Marian folder imported, which is then written in our vocabulary order).
         force: replace an existing output folder, if it is an earlier export or empty.
 
     Raises:
@@ -228,21 +205,20 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
     output_dir = Path(output_dir)
     check_replaceable(output_dir, force, is_marian_dir, "no config.json of a Marian model")
     _check_exportable(config, tokenizer)
-    state = to_marian_state(model, config, tokenizer.export_order)
-    special = _special_ids(tokenizer)
+    state = to_marian_state(model, config)
 
     def write(staging: Path) -> None:
         safetensors.save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        _write_json(staging / "config.json", marian_config(config, tokenizer))
-        _write_json(staging / "generation_config.json", generation_config(config, tokenizer))
+        _write_json(staging / "config.json", marian_config(config))
+        _write_json(staging / "generation_config.json", generation_config(config))
         (staging / "source.spm").write_bytes(tokenizer.src_proto)
         (staging / "target.spm").write_bytes(tokenizer.tgt_proto or tokenizer.src_proto)
         _write_json(staging / "vocab.json", _vocabulary(tokenizer))
-        bos = {} if special["start"] == special["pad"] else {"bos_token": tokenizer.id_to_piece(BOS_ID)}
         _write_json(staging / "tokenizer_config.json", {
             "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
             "target_lang": config.data.tgt_lang, "model_max_length": config.model.max_positions,
-            "separate_vocabs": False, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>", **bos})
+            "separate_vocabs": False, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
+            "bos_token": tokenizer.id_to_piece(BOS_ID)})
 
     write_folder(output_dir, write)
     return output_dir
@@ -355,15 +331,6 @@ def _marian_specials(folder: Path, marian: dict[str, Any], unk: int) -> list[int
     return [pad, unk, start, eos]
 
 
-def _our_id_of_each_row(rows: list[int]) -> list[int]:
-    """The inverse of `rows` (the Marian row of each of our ids): our id of each Marian row, for the way back
-    (`Tokenizer.export_order`). Where Marian's decoder start token is its pad token, that row is our bos."""
-    ours = [0] * (max(rows) + 1)
-    for our_id, row in enumerate(rows):  # bos (our id 2) after pad (0): it takes a row they share
-        ours[row] = our_id
-    return ours
-
-
 def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, Transformer, Tokenizer]:
     """A MarianMT folder as our config, model (eval mode) and tokenizer (see the module docstring).
 
@@ -382,7 +349,7 @@ def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> t
     src = (folder / "source.spm").read_bytes()
     tgt = (folder / "target.spm").read_bytes() if (folder / "target.spm").is_file() else src
     try:
-        tokenizer = Tokenizer(src, None if tgt == src else tgt, vocab, _our_id_of_each_row(rows))
+        tokenizer = Tokenizer(src, None if tgt == src else tgt, vocab)
     except (TokenizerError, RuntimeError) as err:
         raise CheckpointError(f"{folder}: unreadable tokenizer files: {err}") from None
     weights = _read_weights(folder)

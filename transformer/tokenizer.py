@@ -57,19 +57,17 @@ class Tokenizer:
         tgt_proto: serialized target model, or None when source and target share `src_proto`.
         vocab: the pieces of token ids 0, 1, ... for both sides, starting with `SPECIAL_PIECES`; None: the
             sentencepiece model's own ids (which must then be the special ids of `config.PAD_ID` ...).
-        export_order: with `vocab`, the token id of each row of the vocabulary the model was imported from, in that
-            vocabulary's order (what an export writes back; see `transformer/hf.py`).
 
     Raises:
         TokenizerError: a sentencepiece model with other special ids, or a vocabulary without `SPECIAL_PIECES` first.
     """
 
-    def __init__(self, src_proto: bytes, tgt_proto: Optional[bytes] = None, vocab: Optional[list[str]] = None,
-                 export_order: Optional[list[int]] = None) -> None:
+    def __init__(self, src_proto: bytes, tgt_proto: Optional[bytes] = None, vocab: Optional[list[str]] = None
+                 ) -> None:
         self.src_proto, self.tgt_proto = src_proto, tgt_proto
         self.src = _load_proto(src_proto)
         self.tgt = self.src if tgt_proto is None else _load_proto(tgt_proto)
-        self.vocab, self.export_order = vocab, export_order
+        self.vocab = vocab
         if vocab is not None:
             if tuple(vocab[:4]) != SPECIAL_PIECES:
                 raise TokenizerError(f"a tokenizer vocabulary must start with {SPECIAL_PIECES}, got {vocab[:4]}")
@@ -149,16 +147,16 @@ class Tokenizer:
         return self.tgt.decode_pieces([self.vocab[i] for i in kept])
 
     def to_dict(self) -> dict:
-        """Plain data for a checkpoint: {"src": bytes, "tgt": bytes or None}, and "vocab" and "export_order" (lists)
-        for a tokenizer with its own vocabulary."""
+        """Plain data for a checkpoint: {"src": bytes, "tgt": bytes or None}, and "vocab" (a list of pieces) for a
+        tokenizer with its own vocabulary."""
         out = {"src": self.src_proto, "tgt": self.tgt_proto}
         if self.vocab is not None:
-            out.update(vocab=list(self.vocab), export_order=self.export_order)
+            out["vocab"] = list(self.vocab)
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Tokenizer":
-        return cls(data["src"], data.get("tgt"), data.get("vocab"), data.get("export_order"))
+        return cls(data["src"], data.get("tgt"), data.get("vocab"))
 
     def digest(self) -> str:
         """SHA-256 of what decides the token ids: the sentencepiece model(s) and the vocabulary, if any (a target
@@ -178,8 +176,7 @@ class Tokenizer:
         if self.vocab is not None:
             files = {run_dir / f"spm.{src_lang}.model": self.src_proto,
                      run_dir / f"spm.{tgt_lang}.model": self.tgt_proto or self.src_proto,
-                     run_dir / VOCAB_FILE: json.dumps({"vocab": self.vocab, "export_order": self.export_order},
-                                                      ensure_ascii=False).encode("utf-8")}
+                     run_dir / VOCAB_FILE: json.dumps({"vocab": self.vocab}, ensure_ascii=False).encode("utf-8")}
         elif self.is_joint:
             files = {run_dir / "spm.model": self.src_proto}
         else:
@@ -195,7 +192,7 @@ class Tokenizer:
         src, tgt = run_dir / f"spm.{src_lang}.model", run_dir / f"spm.{tgt_lang}.model"
         if (run_dir / VOCAB_FILE).exists():
             saved = json.loads((run_dir / VOCAB_FILE).read_text(encoding="utf-8"))
-            return cls(src.read_bytes(), tgt.read_bytes(), saved["vocab"], saved["export_order"])
+            return cls(src.read_bytes(), tgt.read_bytes(), saved["vocab"])
         if joint:
             path = run_dir / "spm.model"
             return cls(path.read_bytes()) if path.exists() else None

@@ -6,16 +6,18 @@ pick the n best, detokenize. The Python API is `Translator`.
     translator.translate(["Ein Mann fährt Fahrrad."])            # -> ["A man is riding a bike."]
 
 Guarantees, on every engine (`engines/`): one output per input, in input order; empty or whitespace-only inputs
-give empty outputs; an input longer than the engine's `max_source_len` keeps its start and is truncated with a
-warning (counted in `stats`); text the source vocabulary cannot represent is copied into the output once, unchanged
-(`passthrough.py`; `copy_unknown`); `scores=False` gives NaN scores.
+give empty outputs; an input longer than the engine's `max_source_len` tokens (eos included) is truncated: its
+start is translated, and `stats.truncated` lists it (with a logged warning unless `warn_truncated` is False, for
+callers that tell their users themselves: the CLI names the line, the server marks the sentence); text the source
+vocabulary cannot represent is copied into the output once, unchanged (`passthrough.py`; `copy_unknown`);
+`scores=False` gives NaN scores.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +32,15 @@ from .passthrough import PassThrough, with_passthrough
 
 logger = logging.getLogger(__name__)
 
+def source_within(ids: list[int], max_source_len: int) -> tuple[list[int], bool]:
+    """Source ids (without eos) as an engine takes them: eos appended, and cut to their start when longer than
+    `max_source_len` tokens (eos included). Returns the ids and whether they were cut. The one truncation rule of
+    translation, alignments and attention."""
+    if len(ids) + 1 > max_source_len:
+        return ids[:max_source_len - 1] + [EOS_ID], True
+    return ids + [EOS_ID], False
+
+
 class DecodingStopped(Exception):
     """A call given `should_stop` (`Translator.translate_n_best`, `decode_ids`) stopped before its next batch of
     sentences because `should_stop()` said so; nothing of the call is returned."""
@@ -42,10 +53,19 @@ class TranslationStats:
     untranslated (`transformer/passthrough.py`)."""
 
     n_sentences: int = 0
-    n_truncated: int = 0
+    truncated: list[int] = field(default_factory=list)
+    """The inputs (0-based indices in the call's order) longer than the engine's max_source_len: only their start
+    was translated (`source_within`)."""
     n_hit_max_len: int = 0
     n_output_tokens: int = 0
     n_copied_unknown: int = 0
+    finished: list[list[bool]] = field(default_factory=list)
+    """`translate_n_best` only: per input, per hypothesis returned, whether it ended with eos (False: cut at the
+    length cap; a beam's n-best lists put those after every finished one)."""
+
+    @property
+    def n_truncated(self) -> int:
+        return len(self.truncated)
 
 
 class Translator:
@@ -59,10 +79,13 @@ class Translator:
         config: the engine's config (decoding defaults: `config.decoding`).
         tokenizer: the engine's tokenizer.
         stats: counts of the last call.
+        warn_truncated: log a warning for each truncated input (True); callers that report `stats.truncated` to
+            their users in their own terms set it to False.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.warn_truncated = True
         self.config, self.tokenizer = engine.config, engine.tokenizer
         self._passthrough = PassThrough(engine.tokenizer)
         self.stats = TranslationStats()
@@ -140,19 +163,21 @@ class Translator:
         options = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
-        prefix_ids = None if prefixes is None else [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None
-                                                    for p in prefixes]
+        prefix_ids = self._prefix_ids(prefixes)
         searched, distinct = n_best_search(options)
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
-            src_ids, n_truncated = self._with_eos(texts, ids)
+            src_ids, truncated = self._with_eos(texts, ids)
             hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids,
                                          should_stop=should_stop)
-            self.stats.n_truncated = n_truncated
-            outputs = [[(self.tokenizer.decode_tgt(h.tokens), h) for h in hyps] for hyps in hypotheses]
+            self.stats.truncated = truncated
+            outputs = [[(self._detokenize(h.tokens, prefixes[i] if prefix_ids and prefix_ids[i] else None,
+                                          prefix_ids[i] if prefix_ids else None), h) for h in hyps]
+                       for i, hyps in enumerate(hypotheses)]
             if distinct:
                 outputs = [[out[i] for i in distinct_first([t for t, _ in out], options.n_best,
                                                            [h.finished for _, h in out])] for out in outputs]
+            self.stats.finished = [[h.finished for _, h in out] for out in outputs]
             return [[(text, h.score) for text, h in out] for out in outputs]
 
         align = self.align if self.engine.attention_model is not None else None  # else: relative positions
@@ -192,7 +217,7 @@ class Translator:
         limit, device = model.config.max_positions, next(model.parameters()).device
         out = []
         for sentence, translation in zip(sentences, translations):
-            src_ids = self.tokenizer.src_ids([sentence.strip()])[0][:limit - 1] + [EOS_ID]  # its start, as translated
+            src_ids = source_within(self.tokenizer.src_ids([sentence.strip()])[0], limit)[0]  # as translated
             tgt_ids = self.tokenizer.encode_tgt([translation.strip()])[0][: limit - 1]
             if len(src_ids) < 2 or not tgt_ids:
                 out.append([])
@@ -207,24 +232,56 @@ class Translator:
             out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
         return out
 
-    def _with_eos(self, texts: list[str], ids: list[list[int]]) -> tuple[list[Optional[list[int]]], int]:
-        """Per stripped sentence and its source ids (`Tokenizer.src_ids`), the ids with eos (None for an empty
-        sentence), truncated to the engine's max_source_len (keeping the start) with a warning; and the number
-        truncated."""
-        n_truncated = 0
+    def _prefix_ids(self, prefixes: Optional[list[Optional[str]]]) -> Optional[list[Optional[list[int]]]]:
+        """Per prefix, its target ids (None for None or a blank one); None for no prefixes.
+
+        Raises:
+            OptionError: a prefix of more tokens than the model can produce before its eos (max_positions - 2).
+        """
+        if prefixes is None:
+            return None
+        out = [self.tokenizer.encode_tgt([p])[0] if p and p.strip() else None for p in prefixes]
+        limit = self.config.model.max_positions - 2
+        for i, ids in enumerate(out):
+            if ids and len(ids) > limit:
+                raise OptionError(f"prefix {i + 1} has {len(ids)} tokens; the model's max_positions="
+                                  f"{self.config.model.max_positions} leaves room for {limit}: shorten it")
+        return out
+
+    def _detokenize(self, tokens: list[int], prefix: Optional[str], prefix_ids: Optional[list[int]]) -> str:
+        """The text of an output's tokens; one forced to start with `prefix` (of ids `prefix_ids`) starts with the
+        prefix exactly as given, also where the vocabulary could not spell it (characters it lacks, other
+        normalizations), and goes on with the text decoded after it."""
+        text = self.tokenizer.decode_tgt(tokens)
+        if prefix is None or not prefix_ids:
+            return text
+        spelled, given = self.tokenizer.decode_tgt(prefix_ids), prefix.strip()
+        if spelled == given or tokens[:len(prefix_ids)] != prefix_ids or not text.startswith(spelled):
+            return text
+        if spelled:
+            return given + text[len(spelled):]
+        rest = tokens[len(prefix_ids):]  # nothing of the prefix spelled: the space before the rest is its first piece's
+        space = " " if text and rest and self.tokenizer.id_to_piece(rest[0]).startswith("\u2581") else ""
+        return given + space + text
+
+    def _with_eos(self, texts: list[str], ids: list[list[int]]) -> tuple[list[Optional[list[int]]], list[int]]:
+        """Per stripped sentence and its source ids (`Tokenizer.src_ids`), the ids as the engine takes them
+        (`source_within`; None for an empty sentence), and the indices of those truncated."""
+        truncated: list[int] = []
         limit = self.engine.max_source_len
         out: list[Optional[list[int]]] = []
         for i, (text, sentence_ids) in enumerate(zip(texts, ids)):
             if not text:
                 out.append(None)
                 continue
-            if len(sentence_ids) + 1 > limit:
-                logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated",
-                               i + 1, len(sentence_ids) + 1, limit)
-                n_truncated += 1
-                sentence_ids = sentence_ids[:limit - 1]
-            out.append(sentence_ids + [EOS_ID])
-        return out, n_truncated
+            within, cut = source_within(sentence_ids, limit)
+            if cut:
+                truncated.append(i)
+                if self.warn_truncated:
+                    logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated to "
+                                   "its first %d", i + 1, len(sentence_ids) + 1, limit, limit - 1)
+            out.append(within)
+        return out, truncated
 
     def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig, scores: bool = True,
                    prefix_ids: Optional[list[Optional[list[int]]]] = None,

@@ -217,3 +217,33 @@ def test_in_memory_pairs_match_the_lists():
     pairs = EncodedPairs.from_lists([[5, 6, EOS_ID], [7, EOS_ID]], [[8], [9, 10, 11]])
     assert len(pairs) == 2 and pairs.src(1).tolist() == [7, EOS_ID] and pairs.tgt(1).tolist() == [9, 10, 11]
     assert pairs.src_lengths.tolist() == [3, 2] and pairs.tgt_lengths.tolist() == [2, 4]
+
+
+def test_pairs_with_characters_the_vocabulary_lacks_are_counted_and_reported(corpus, tmp_path, tokenizer, caplog):
+    """Fine-tuning text the fixed vocabulary cannot spell: the cache counts the pairs and names the characters, the
+    start of training warns with them, and data.unknown_characters=refuse stops instead."""
+    from transformer.data import DataError
+    from transformer.training.data import report_unknown_characters
+
+    foreign = [("Ein Zug nach Łódź.", "A train to Łódź."), ("Ørsted baut.", "Ørsted builds."),
+               ("Ein Škoda fährt nach Łódź.", "A Škoda drives.")]
+    src = [s for s in SRC if s] * 10 + [s for s, _ in foreign] * 4
+    tgt = [t for t in TGT if t][:len([s for s in SRC if s])] * 10 + [t for _, t in foreign] * 4
+    (corpus / "train.de").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+    (corpus / "train.en").write_text("".join(t + "\n" for t in tgt), encoding="utf-8")
+    data = _config(corpus, tmp_path)
+    pairs = get_token_cache(data, "train", tokenizer)  # the vocabulary of the fixture: no Ł, ó, Ø, Š
+    found = pairs.unknown_characters
+    assert found["pairs"] == 12
+    counts = dict(found["characters"])
+    assert counts["Ł"] == 8 and counts["ó"] == 8 and counts["Ø"] == 4 and counts["Š"] == 4
+    assert "a" not in counts and " " not in counts
+    with caplog.at_level(logging.WARNING):
+        report_unknown_characters(data, pairs)
+    assert "12 of" in caplog.text and "'Ł' (8)" in caplog.text and "data.unknown_characters" in caplog.text
+    with pytest.raises(DataError, match="unknown_characters=refuse"):
+        report_unknown_characters(_config(corpus, tmp_path, unknown_characters="refuse"), pairs)
+    again = get_token_cache(data, "train", tokenizer)  # found again: the count comes from meta.json
+    assert again.unknown_characters == found
+    clean = train_tokenizer(src, tgt, data)  # a fresh vocabulary over this text covers every character
+    assert get_token_cache(data, "train", clean).unknown_characters["pairs"] == 0

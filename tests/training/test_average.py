@@ -77,7 +77,8 @@ def test_refusals_name_the_files(trained_run, tmp_path, capsys):
     cases = [([good, wider], "cannot average .*wider.pt with .*good.pt: different model configs .*d_ff: 128 vs"),
              ([good, other_tok], "tok.pt with .*good.pt: different sentencepiece models"),
              ([good, str(tmp_path / "missing.pt")], "missing.pt: checkpoint not found"),
-             ([good, str(corrupt)], "corrupt.pt: not a readable checkpoint")]
+             ([good, str(corrupt)], "corrupt.pt: not a readable checkpoint"),
+             ([good, str(tmp_path)], "is a folder: average takes .pt checkpoints of one run .*cannot be averaged")]
     for inputs, message in cases:
         assert main(["average", "--checkpoints", *inputs, "--output", str(tmp_path / "out.pt")]) == 2
         err = capsys.readouterr().err

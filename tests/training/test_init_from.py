@@ -135,3 +135,33 @@ def test_fine_tuning_a_marian_model(tmp_path, capsys):
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(run_dir / "checkpoints" / "best.pt"), lines[0], lines[1]]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_fine_tuning_on_text_the_vocabulary_cannot_spell_names_the_characters(trained_run, multi30k_subset, tmp_path,
+                                                                              caplog, capsys):
+    """2,000-odd pairs of which 200 hold Łódź, Ørsted, Škoda, Đorđe, Þórshöfn: the run says so at its start, with the
+    characters and their counts, and data.unknown_characters=refuse stops it in one line."""
+    import gzip
+    import logging
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in multi30k_subset.iterdir():
+        (data / name.name).write_bytes(name.read_bytes())
+    names = ["Łódź", "Ørsted", "Škoda", "Đorđe", "Þórshöfn"]
+    for lang, template in (("de", "Ein Mann aus {} fährt Fahrrad."), ("en", "A man from {} rides a bike.")):
+        path = data / f"train.{lang}.gz"
+        lines = gzip.open(path, "rt", encoding="utf-8").read().rstrip("\n").split("\n")
+        lines += [template.format(names[i % 5]) for i in range(200)]
+        path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    config = _fine_tune_config(tmp_path, data, training={"max_steps": 1, "eval_every_steps": 1})
+    source = str(trained_run / "checkpoints" / "best.pt")
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--config", str(config), "--run-dir", str(tmp_path / "r"), "--init-from", source]) == 0
+    report = next(r.getMessage() for r in caplog.records if "maps to unk" in r.getMessage())
+    assert report.startswith("200 of ") and "'Ł' (40)" in report and "'Þ' (40)" in report, report
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--run-dir", str(tmp_path / "r2"), "--init-from", source,
+                 "--set", "data.unknown_characters=refuse"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "200 of " in err[0] and "unknown_characters=refuse" in err[0], err

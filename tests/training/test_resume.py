@@ -457,3 +457,22 @@ def test_the_next_sample_is_asked_for_only_when_the_run_goes_past_the_epoch(accu
         assert trainer._goes_past(run, state, n_batches) is expected, (max_steps, expected)
     run.config.training.max_epochs = 3  # epoch 2 is the last
     assert trainer._goes_past(run, state, n_batches) is False
+
+
+def test_tokens_per_second_after_a_resume_counts_only_the_tokens_timed(monkeypatch):
+    """A run resumed in the middle of a log window carries that window's tokens (for the exact loss); the first
+    tokens/s after the resume must not divide them by the time since the resume (it read about twice the rate)."""
+    from types import SimpleNamespace
+
+    from transformer.training.distributed import Distributed
+
+    records = []
+    run = SimpleNamespace(dist=Distributed(), device=torch.device("cpu"), metrics=SimpleNamespace(write=records.append),
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]), scaler=None, tensorboard=None)
+    state = TrainState()
+    state.window_loss, state.window_nll, state.window_tokens, state.window_src_tokens = 200.0, 180.0, 100, 120
+    state.window_updates = 4
+    bar = SimpleNamespace(disable=False, set_postfix=lambda **kwargs: None)
+    trainer._log_window(run, 2.0, state, bar, carried=(60, 70))  # 40 target + 50 source tokens in the 2 s timed
+    assert records[-1]["tgt_tokens_per_s"] == 20.0 and records[-1]["src_tgt_tokens_per_s"] == 45.0
+    assert records[-1]["loss"] == 2.0  # the loss still counts every token of the window

@@ -16,15 +16,14 @@ from typing import Any, Optional
 
 import yaml
 
+from .errors import ConfigError, _require
 from .sections import (
     _DERIVED_MODEL_KEYS,
     Config,
-    ConfigError,
     DataConfig,
     DecodingConfig,
     TrainingConfig,
     TransformerConfig,
-    _require,
     check_trainable,
 )
 

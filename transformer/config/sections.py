@@ -7,57 +7,17 @@ A YAML recipe mirrors the dataclasses section by section::
     training: {max_steps: 5000, ...}               -> TrainingConfig
     decoding: {beam_size: 4, ...}                  -> DecodingConfig
 
-Each dataclass checks its values when built (`ConfigError` naming the key path); reading YAML, type checks and
-`--set` overrides are in `loading.py`.
+Each dataclass checks its values when built (`errors.ConfigError` naming the key path); reading YAML, type checks
+and `--set` overrides are in `loading.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range: `message` as printed (naming the
-    key), `key` the key path at fault where one is ("decoding.n_best"; else None), `detail` the message without it."""
-
-    def __init__(self, message: str, key: Optional[str] = None, detail: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.key, self.detail = key, detail if detail is not None else message
-
-
-class OptionError(ConfigError):
-    """An argument of a library call (a `Translator` option, say) that cannot be honoured.
-
-    The message names the parameters as `{name}` fields of `template`: `str(err)` spells them as Python
-    (`workers=2`), `as_flags()` as the command line does (`--workers 2`). Only the fields of `values` are
-    replaced; any other text, braces included (a path), is kept as it is.
-
-    Args:
-        template: the message, with a `{name}` field for each parameter it names.
-        values: each named parameter's value.
-    """
-
-    def __init__(self, template: str, **values: object) -> None:
-        self.template, self.values = template, values
-        super().__init__(self._spell(lambda name, value: f"{name}={value!r}"))
-
-    def as_flags(self) -> str:
-        """The message with each parameter spelled as its command-line flag."""
-        return self._spell(lambda name, value: f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}"))
-
-    def _spell(self, spelling: Callable[[str, object], str]) -> str:
-        return re.sub(r"\{(\w+)\}", lambda m: spelling(m.group(1), self.values[m.group(1)])
-                      if m.group(1) in self.values else m.group(0), self.template)
-
-
-def _require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{key}: {message}", key=key, detail=message)
-
+from .errors import _require
 
 # --------------------------------------------------------------------------------------------------
 # The model
@@ -208,6 +168,10 @@ class DataConfig:
     Multi30k; at WMT14 size a fast GPU finishes an epoch sooner than one process samples it (docs/training.md)."""
     valid_max_sentences: int = 0
     """Use only the first N validation pairs for BLEU during training (0: all)."""
+    unknown_characters: str = "warn"
+    """Training pairs whose text holds characters the vocabulary maps to unk (a fixed vocabulary, e.g. when
+    fine-tuning on new text, or rare characters a fresh one left out) are counted at the start of training, with
+    the most frequent such characters: "warn" logs them and trains; "refuse" stops with that report instead."""
     cache_dir: Optional[str] = None
     """Folder of the token caches (the training split encoded once into memory-mapped files, see
     `data/token_cache.py`); null: $TRANSFORMER_NMT_CACHE, else ~/.cache/transformer-nmt."""
@@ -225,6 +189,8 @@ class DataConfig:
         _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type",
                  f"must be 'bpe' or 'unigram', got {self.spm_model_type!r}")
         _require(self.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0")
+        _require(self.unknown_characters in ("warn", "refuse"), "data.unknown_characters",
+                 f"must be 'warn' or 'refuse', got {self.unknown_characters!r}")
         _require(0.0 < self.subword_alpha <= 1.0 if self.spm_model_type == "bpe" else self.subword_alpha > 0.0,
                  "data.subword_alpha", f"must be in (0, 1] for a bpe model (the merge dropout probability) and > 0 for "
                  f"a unigram model, got {self.subword_alpha}")
@@ -356,10 +322,16 @@ class DecodingConfig:
     """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
     of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
     top_k: int = _option(0, "with sampling: draw among the K most probable tokens (0: all)", "K")
+    """With sampling: keep the K most probable tokens (and any tied with the K-th); 1 is greedy; 0 or K >= the
+    vocabulary: all."""
     top_p: float = _option(1.0, "with sampling: draw among the fewest most probable tokens whose probabilities sum "
                            "to at least P (the nucleus)", "P")
+    """With sampling: in (0, 1]; the most probable token is always kept, so a P below its probability is greedy;
+    1: all tokens."""
     temperature: float = _option(1.0, "with sampling: divide the logits by T (default 1)", "T")
-    """With sampling: divide the logits by this (< 1 sharper, > 1 flatter; towards 0 it becomes greedy)."""
+    """With sampling: divide the logits by this (< 1 sharper, > 1 flatter). Any positive finite value holds
+    numerically: so small that the scaled logits would overflow, it draws the most probable token (greedy); so large
+    that they all round to one value, it draws uniformly among the tokens the rules allow."""
     seed: int = _option(0, "with sampling: the random seed (same seed and line, same samples)")
     """With sampling: the random stream of a sentence depends on this, its source tokens and the sample's number
     only, so an input gets the same samples whatever else is decoded with it."""
@@ -380,7 +352,8 @@ class DecodingConfig:
         _require(self.max_repeat >= 0, "decoding.max_repeat", f"must be >= 0 (0: no limit), got {self.max_repeat}")
         _require(self.top_k >= 0, "decoding.top_k", f"must be >= 0 (0: all tokens), got {self.top_k}")
         _require(0.0 < self.top_p <= 1.0, "decoding.top_p", f"must be in (0, 1], got {self.top_p}")
-        _require(self.temperature > 0.0, "decoding.temperature", f"must be positive, got {self.temperature}")
+        _require(0.0 < self.temperature < float("inf"), "decoding.temperature",
+                 f"must be positive and finite, got {self.temperature}")
         _require(self.length_penalty >= 0, "decoding.length_penalty", "must be >= 0")
         _require(self.max_len_a >= 0 and self.max_len_b >= 0, "decoding.max_len_a",
                  "max_len_a and max_len_b must be >= 0")

@@ -293,6 +293,56 @@ def close_output(out: TextIO, name: str) -> None:
         raise DataError(f"{name}: cannot write the translations: {err.strerror or err}") from None
 
 
+class TranslationOutput:
+    """Where `transformer translate` writes: stdout, or a file written whole. A file's translations go to
+    `PATH.partial`, renamed to PATH once every line is done (replacing an earlier PATH); a run that stops early (an
+    error, Ctrl-C) leaves PATH as it was and keeps `PATH.partial` with the translations written so far (and says so
+    on stderr), or removes it when there were none. A PATH that exists and is not a regular file (a pipe, a device)
+    is written directly.
+
+    Args:
+        path: the output file, or None for stdout.
+    """
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path, self.n_lines = path, 0
+        direct = path is not None and os.path.exists(path) and not os.path.isfile(path)
+        self._final = os.path.realpath(path) if path else None  # a symbolic link: the file it names is replaced
+        self.partial = Path(f"{self._final}.partial") if path and not direct else None
+        if self.partial is not None:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+        target = self.partial or path
+        self.file = open(target, "w", encoding="utf-8") if target else utf8_stdout()
+
+    def write(self, text: str, n_lines: int) -> None:
+        """Write and flush the translations of `n_lines` input lines (`write_and_flush`)."""
+        write_and_flush(self.file, text, self.path or "stdout")
+        self.n_lines += n_lines
+
+    def close(self, complete: bool) -> None:
+        """Finish: a complete file takes its place; see the class docstring for the rest.
+
+        Raises:
+            DataError: the file could not be written whole (`close_output`); the partial file is removed.
+        """
+        if self.partial is None:
+            if self.path:
+                close_output(self.file, self.path)
+            return
+        try:
+            close_output(self.file, str(self.path))
+        except DataError:
+            self.partial.unlink(missing_ok=True)
+            raise
+        if complete:
+            os.replace(self.partial, str(self._final))
+        elif self.n_lines:
+            print(f"translate: stopped after {self.n_lines} input lines; their translations are in {self.partial} "
+                  f"({self.path} was not written)", file=sys.stderr)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+
 FIRST_CHUNK = 16
 """Lines in the first chunk that `input_chunks` reads when its output streams (`growing`)."""
 

@@ -7,7 +7,8 @@ the operating system's page cache: no process holds the corpus in its heap.
 
 One cache is a folder `<cache dir>/<split>.<src>-<tgt>.<key>/`:
 
-    meta.json          format version, what it was built from (`spec`), counts, dtype, size, build time
+    meta.json          format version, what it was built from (`spec`), counts, dtype, size, build time, and
+                       the kept pairs with characters the tokenizer maps to unk (`coverage.UnknownCharacters`)
     src_ids.bin        the source ids of every kept pair (eos included), concatenated; uint16 when both
                        vocabularies have at most 65,536 pieces, int32 otherwise
     tgt_ids.bin        the target ids (no bos/eos), concatenated
@@ -43,6 +44,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -53,6 +55,7 @@ from tqdm import tqdm
 
 from ..config import EOS_ID, DataConfig
 from ..tokenizer import Tokenizer
+from .coverage import UnknownCharacters
 from .datasets import SplitSource, open_split
 from .text import DataError
 
@@ -79,11 +82,14 @@ class EncodedPairs:
         src_lengths: `(n,)` int32, source tokens as fed to the model (eos included).
         tgt_lengths: `(n,)` int32, target tokens as predicted (pieces + eos).
         spec: what a token cache was built from (`cache_spec`, from its meta.json); None for pairs in memory.
+        unknown_characters: `UnknownCharacters.to_dict()` of a token cache (None for pairs in memory, or a cache
+            built before it was counted).
     """
 
     def __init__(self, src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.ndarray,
-                 tgt_offsets: np.ndarray, spec: Optional[dict[str, Any]] = None) -> None:
-        self.spec = spec
+                 tgt_offsets: np.ndarray, spec: Optional[dict[str, Any]] = None,
+                 unknown_characters: Optional[dict[str, Any]] = None) -> None:
+        self.spec, self.unknown_characters = spec, unknown_characters
         self.src_ids, self.src_offsets = src_ids, src_offsets
         self.tgt_ids, self.tgt_offsets = tgt_ids, tgt_offsets
         self.src_lengths = np.diff(src_offsets).astype(np.int32)
@@ -290,7 +296,7 @@ def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) 
             raise TokenCacheError(f"{folder}: {side}_ids.bin holds {len(ids)} ids and {side}_offsets.npy "
                                   f"{len(off) - 1} pairs ending at {off[-1]}, meta.json says {meta['n_pairs']} "
                                   "pairs: truncated? Delete the folder to rebuild it")
-    return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1], meta["spec"])
+    return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1], meta["spec"], meta.get("unknown_characters"))
 
 
 ChunkEncoder = Callable[[Iterator[tuple[list[str], list[str]]]], Iterator[tuple[list[list[int]], list[list[int]]]]]
@@ -328,9 +334,11 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
     start = time.perf_counter()
     try:
         tmp.mkdir(parents=True)
-        counts = _encode_into(tmp, source, encode, max_len, dtype, chunk_size, progress)
+        unknown = UnknownCharacters(tokenizer)
+        counts = _encode_into(tmp, source, encode, max_len, dtype, chunk_size, progress, unknown)
         n_bytes = sum(p.stat().st_size for p in tmp.iterdir())
-        meta = {"spec": spec, "origin": source.origin, "dtype": dtype.name, **counts, "bytes": n_bytes,
+        meta = {"spec": spec, "origin": source.origin, "dtype": dtype.name, **counts,
+                "unknown_characters": unknown.to_dict(), "bytes": n_bytes,
                 "build_seconds": round(time.perf_counter() - start, 1),
                 "created": time.strftime("%Y-%m-%d %H:%M:%S")}
         _write_synced(tmp / "meta.json", (json.dumps(meta, indent=1) + "\n").encode())
@@ -357,15 +365,23 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_len: int, dtype: np.dtype,
-                 chunk_size: int, progress: bool) -> dict[str, int]:
+                 chunk_size: int, progress: bool, unknown: UnknownCharacters) -> dict[str, int]:
     n_read = n_empty = n_long = 0
+    texts: deque[tuple[list[str], list[str]]] = deque()  # the chunks `encode` has taken and not yet given back
+
+    def chunks() -> Iterator[tuple[list[str], list[str]]]:
+        for chunk in source.chunks(chunk_size):
+            texts.append(chunk)
+            yield chunk
+
     src_lengths: list[np.ndarray] = []
     tgt_lengths: list[np.ndarray] = []
     total, unit = source.progress()
     with open(folder / "src_ids.bin", "wb") as src_file, open(folder / "tgt_ids.bin", "wb") as tgt_file, \
             tqdm(total=total, unit=unit, unit_scale=True, desc="token cache", mininterval=2.0,
                  dynamic_ncols=True, disable=not progress) as bar:
-        for src, tgt in encode(source.chunks(chunk_size)):
+        for src, tgt in encode(chunks()):
+            src_text, tgt_text = texts.popleft()
             src_len = np.fromiter(map(len, src), np.int64, len(src))  # pieces, without eos
             tgt_len = np.fromiter(map(len, tgt), np.int64, len(tgt))
             empty = (src_len == 0) | (tgt_len == 0)
@@ -375,8 +391,10 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
             n_empty += int(empty.sum())
             n_long += int(too_long.sum())
             src_ids = np.fromiter(chain.from_iterable(src[i] for i in kept), dtype, count=int(src_len[kept].sum()))
-            src_ids = np.insert(src_ids, np.cumsum(src_len[kept]), EOS_ID)  # eos after every sentence
             tgt_ids = np.fromiter(chain.from_iterable(tgt[i] for i in kept), dtype, count=int(tgt_len[kept].sum()))
+            unknown.add([src_text[i] for i in kept], [tgt_text[i] for i in kept], src_ids, src_len[kept], tgt_ids,
+                        tgt_len[kept])
+            src_ids = np.insert(src_ids, np.cumsum(src_len[kept]), EOS_ID)  # eos after every sentence
             src_file.write(src_ids.tobytes())
             tgt_file.write(tgt_ids.tobytes())
             src_lengths.append(src_len[kept] + 1)

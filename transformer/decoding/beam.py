@@ -217,7 +217,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Te
         Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
         cap, only when fewer than n_best hypotheses finished).
     """
-    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions)
+    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions, prefixes)
     rules = NextTokenRules(options, prefixes)
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, options.beam_size)

@@ -73,7 +73,7 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     """
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
-    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions)
+    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions, prefixes)
     rules = NextTokenRules(options, prefixes)
     cache = model.new_cache(memory, src_key_padding_mask)
     last = torch.full((n,), BOS_ID, dtype=torch.long, device=src.device)  # (alive,): each row's last token

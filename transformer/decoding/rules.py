@@ -25,30 +25,39 @@ History = Union[list[list[int]], Tensor]
 """Per row, the tokens generated so far (bos excluded): lists, or a `(rows, steps)` LongTensor (beam search's)."""
 
 
-def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positions: int) -> int:
-    """The output length cap of one sentence of src_len source tokens (eos included), in decoding steps; see
-    `max_output_lengths`."""
-    return max(1, min(max_positions - 1, int(max_len_a * src_len + max_len_b)))
+def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positions: int, prefix_len: int = 0
+                      ) -> int:
+    """The output length cap of one sentence of src_len source tokens (eos included) with a forced prefix of
+    prefix_len tokens, in decoding steps; see `max_output_lengths`."""
+    return max(1, min(max_positions - 1, prefix_len + int(max_len_a * src_len + max_len_b)))
 
 
-def max_output_lengths(src_key_padding_mask: Tensor, options: DecodingConfig, max_positions: int) -> list[int]:
+def max_output_lengths(src_key_padding_mask: Tensor, options: DecodingConfig, max_positions: int,
+                       prefixes: Optional[list[Optional[list[int]]]] = None) -> list[int]:
     """The output length cap of each sentence, in decoding steps (output tokens, eos counted).
 
     For a sentence of src_len source tokens (eos included), max_len = floor(max_len_a * src_len + max_len_b),
-    clipped to [1, max_positions - 1]. Every search runs at most max_len steps for it: a hypothesis that ends with
-    eos within them has at most max_len - 1 tokens before its eos (`Hypothesis.finished` True); one that has
-    produced max_len tokens without eos is cut there (`finished` False, counted in `TranslationStats.n_hit_max_len`).
+    counted after its forced prefix (if any: the prefix's tokens are added), clipped to [1, max_positions - 1].
+    Every search runs at most max_len steps for it: a hypothesis that ends with eos within them has at most
+    max_len - 1 tokens before its eos (`Hypothesis.finished` True); one that has produced max_len tokens without eos
+    is cut there (`finished` False, counted in `TranslationStats.n_hit_max_len`). A prefix itself is never cut: the
+    text layer refuses one of more than max_positions - 2 tokens (`translate.Translator`).
 
     Args:
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         options: max_len_a and max_len_b are read.
         max_positions: the model's longest sequence.
+        prefixes: per sentence, its forced target tokens (None: none); None for no prefixes.
 
     Returns:
         max_len per sentence (steps).
     """
     src_lengths = (~src_key_padding_mask).sum(1).tolist()
-    return [max_output_length(n, options.max_len_a, options.max_len_b, max_positions) for n in src_lengths]
+    prefix_lengths = [len(p) if p else 0 for p in prefixes] if prefixes is not None else [0] * len(src_lengths)
+    if len(prefix_lengths) != len(src_lengths):
+        raise ValueError(f"{len(src_lengths)} sentences but {len(prefix_lengths)} prefixes")
+    return [max_output_length(n, options.max_len_a, options.max_len_b, max_positions, k)
+            for n, k in zip(src_lengths, prefix_lengths)]
 
 
 class NextTokenRules:

@@ -28,13 +28,17 @@ def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, te
     (0: all; tokens tied with the k-th most probable are kept too, so a row can keep more than top_k) and, of
     those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
 
+    The logits are shifted by their row maximum before the division, so that no temperature overflows: towards 0 the
+    distribution tends to the most probable token (greedy) and reaches it once the others' scaled logits underflow.
+
     Args:
         logits: `(rows, vocab)`; -inf where a token may not be produced.
 
     Returns:
         `(rows, vocab)` float32 probabilities, each row summing to 1 (0 outside the kept tokens).
     """
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float()
+    probs = torch.softmax((logits - logits.max(-1, keepdim=True).values) / temperature, dim=-1)
     if top_k and top_k < probs.size(-1):
         kth = probs.topk(top_k, dim=-1).values[:, -1:]  # (rows, 1)
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
@@ -87,7 +91,8 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
     rules = NextTokenRules(options, prefixes)
-    max_lengths = max_output_lengths(mask, options, model.config.max_positions)
+    row_prefixes = None if prefixes is None else [p for p in prefixes for _ in range(n_samples)]
+    max_lengths = max_output_lengths(mask, options, model.config.max_positions, row_prefixes)
     cache = model.new_cache(model.encode(src, mask), mask)
     last = torch.full((rows,), BOS_ID, dtype=torch.long, device=src.device)
     alive = list(range(rows))

@@ -71,8 +71,7 @@ class CTranslate2Engine:
         metadata = json.loads((path / METADATA).read_text())
         self.config: Config = config_from_dict(metadata["config"], vocab_sizes=tuple(metadata["vocab_sizes"]))
         protos = [(path / name).read_bytes() for name in metadata["sentencepiece"]]
-        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None, metadata.get("vocab"),
-                                   metadata.get("export_order"))
+        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None, metadata.get("vocab"))
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() else "cpu"
         if device.split(":")[0] not in ("cpu", "cuda"):
@@ -109,8 +108,9 @@ class CTranslate2Engine:
     def _search(self, batch: SourceBatch, options: DecodingConfig, scores: bool) -> list[list[Hypothesis]]:
         tokenizer = self.tokenizer
         source = [[tokenizer.id_to_piece(t, "src") for t in ids[:-1]] for ids in batch.src_ids]  # it adds the eos
-        caps = [max_output_length(len(ids), options.max_len_a, options.max_len_b, self.config.model.max_positions)
-                for ids in batch.src_ids]
+        prefix_lengths = [len(p) if p else 0 for p in batch.prefixes or [None] * len(batch.src_ids)]
+        caps = [max_output_length(len(ids), options.max_len_a, options.max_len_b, self.config.model.max_positions, k)
+                for ids, k in zip(batch.src_ids, prefix_lengths)]
         targets = None if batch.prefixes is None else [
             None if p is None else [tokenizer.id_to_piece(t) for t in p] for p in batch.prefixes]
         sampling = dict(sampling_topk=options.top_k, sampling_topp=options.top_p,

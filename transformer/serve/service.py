@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..attention_plot import AttentionPlotError, attention_for
+from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, attention_for
 from ..config import ConfigError, DecodingConfig
 from ..decoding.options import SERVER_BATCHING, option_fields
 from ..translate import Translator
@@ -149,7 +149,8 @@ class TranslationService:
 
         Args:
             text: one sentence.
-            options: decoding options (`ATTENTION_OPTIONS`).
+            options: decoding options (`ATTENTION_OPTIONS`); unset ones as `transformer attention` (greedy search,
+                the checkpoint's other defaults).
 
         Returns:
             `attention_for`'s dict; its "truncated" is True (and logged) when the sentence was longer than the
@@ -160,7 +161,8 @@ class TranslationService:
             raise RequestError(501, None, f"attention needs our own model (a .pt checkpoint or a MarianMT folder); "
                                f"this server runs a {engine.name} model, which has no attention to read")
         sentence = self._sentences([text], one=True)[0]
-        decoding = self._options(options, ATTENTION_OPTIONS, n_best=1)
+        given = {name: value for name, value in options.items() if value is not None}
+        decoding = self._options({**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1)  # greedy by default
         try:
             data = await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
         except AttentionPlotError as err:

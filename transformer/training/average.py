@@ -54,6 +54,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoint to average")
     paths = [Path(p) for p in paths]
+    for path in paths:
+        if path.is_dir():
+            raise CheckpointError(f"{path} is a folder: average takes .pt checkpoints of one run (e.g. "
+                                  "RUN/checkpoints/step_*.pt, or --run-dir RUN); a MarianMT or CTranslate2 folder "
+                                  "cannot be averaged")
     first = load_checkpoint(paths[0])
     sums = {name: t.to(torch.float64) for name, t in first["model"].items() if t.is_floating_point()}
     newest = first

@@ -6,7 +6,7 @@ Every checkpoint is one dict of plain data and tensors (written atomically by `t
     config       the run's config as a plain dict (`Config.to_dict()`; `training.precision: auto` resolved)
     vocab_sizes  [src_vocab_size, tgt_vocab_size]
     tokenizer    {"src": bytes, "tgt": bytes or None}: serialized sentencepiece models; an imported vocabulary
-                 adds "vocab" and "export_order" (lists, see `Tokenizer`)
+                 adds "vocab" (the piece of each id, see `Tokenizer`)
     train_state  `TrainState` as a dict: the position (step, epoch, batch_in_epoch), best_bleu, counters
     optimizer    optimizer state_dict                                  (last.pt and step_N.pt, not best.pt)
     rng          {"torch", "python", "cuda"}: RNG states; "cuda" is the  (last.pt and step_N.pt, not best.pt)

@@ -14,8 +14,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..config import Config, ConfigError, check_trainable
-from ..data import EncodedPairs, get_token_cache, load_split, open_split, token_batches
+from ..config import Config, ConfigError, DataConfig, check_trainable
+from ..data import DataError, EncodedPairs, get_token_cache, load_split, open_split, token_batches
 from ..data.subword_sampling import SAMPLES_FOLDER, SampledEpochs
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distributed import Distributed
@@ -118,7 +118,29 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
     train = get_token_cache(config.data, config.data.train_split, tokenizer, build=dist.local_rank == 0)
     logger.info("train: %d pairs (%d source + %d target tokens, eos included on both sides)", len(train),
                 int(train.src_lengths.sum()), int(train.tgt_lengths.sum()))
+    if dist.is_main:
+        report_unknown_characters(config.data, train)
     return tokenizer, train, valid
+
+
+def report_unknown_characters(data: DataConfig, train: EncodedPairs) -> None:
+    """Say how many training pairs hold characters the vocabulary maps to unk, and which (`UnknownCharacters`);
+    with data.unknown_characters "refuse", stop.
+
+    Raises:
+        DataError: with "refuse", when there are such pairs.
+    """
+    found = train.unknown_characters
+    if not found or not found["pairs"]:
+        return
+    shown = ", ".join(f"{c!r} ({n})" for c, n in found["characters"][:10])
+    more = found["distinct"] - min(10, len(found["characters"]))
+    message = (f"{found['pairs']} of {len(train)} training pairs hold characters the vocabulary maps to unk, so the "
+               f"model learns to write or drop unk for them: {shown}{f' and {more} more' if more > 0 else ''} "
+               "(pairs per character)")
+    if data.unknown_characters == "refuse":
+        raise DataError(f"{message}; data.unknown_characters=refuse (warn: train anyway)")
+    logger.warning("%s; data.unknown_characters=refuse stops instead", message)
 
 
 class CacheEpochs:

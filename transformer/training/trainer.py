@@ -65,6 +65,7 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
     training, data, dist = run.config.training, run.train_data, run.dist
     run.module.train()
     window_start = time.perf_counter()
+    carried = (state.window_tokens, state.window_src_tokens)  # resumed mid-window: counted before window_start
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
     while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
         pairs = data.epoch(state.epoch)  # the token cache, or this epoch's subword sample
@@ -94,8 +95,8 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                 state.window_updates += 1
                 bar.update(1)
                 if state.step % training.log_every_steps == 0:
-                    _log_window(run, time.perf_counter() - window_start, state, bar)
-                    window_start = time.perf_counter()
+                    _log_window(run, time.perf_counter() - window_start, state, bar, carried)
+                    window_start, carried = time.perf_counter(), (0, 0)
                 if state.step % training.eval_every_steps == 0 or state.step >= training.max_steps:
                     valid_start = time.perf_counter()
                     if _validate_and_save(run, state):
@@ -350,10 +351,18 @@ def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
         training.max_epochs and state.epoch + 1 >= training.max_epochs)
 
 
-def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) -> None:
-    """Sum the window over processes (the one device sync of the log interval) and write a "train" record."""
-    loss, nll, tokens, src_tokens = run.dist.all_reduce_sum(
-        [float(state.window_loss), float(state.window_nll), state.window_tokens, state.window_src_tokens], run.device)
+def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm, carried: tuple[int, int] = (0, 0)
+                ) -> None:
+    """Sum the window over processes (the one device sync of the log interval) and write a "train" record.
+
+    Args:
+        elapsed: seconds of training since the window's timing started.
+        carried: the window's target and source tokens counted before its timing started (a run resumed in the
+            middle of a window): in the loss, not in the tokens/s.
+    """
+    loss, nll, tokens, src_tokens, carried_tokens, carried_src = run.dist.all_reduce_sum(
+        [float(state.window_loss), float(state.window_nll), state.window_tokens, state.window_src_tokens, *carried],
+        run.device)
     grad_norm = float(state.window_grad_norm) / max(state.window_updates, 1)  # the same on every process
     state.window_loss = state.window_nll = state.window_grad_norm = 0.0
     state.window_tokens = state.window_src_tokens = state.window_updates = 0
@@ -363,8 +372,8 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm) 
     record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss / tokens, 4),
               "nll": round(nll / tokens, 4), "ppl": round(math.exp(min(nll / tokens, 50)), 2), "lr": lr,
               "grad_norm": round(grad_norm, 4),
-              "tgt_tokens_per_s": round(tokens / elapsed, 1),
-              "src_tgt_tokens_per_s": round((tokens + src_tokens) / elapsed, 1),
+              "tgt_tokens_per_s": round((tokens - carried_tokens) / elapsed, 1),
+              "src_tgt_tokens_per_s": round((tokens - carried_tokens + src_tokens - carried_src) / elapsed, 1),
               "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
     if run.scaler is not None:
         record["loss_scale"] = run.scaler.get_scale()
