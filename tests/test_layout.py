@@ -173,3 +173,13 @@ def test_the_training_loop_comes_first_in_trainer():
     tree = ast.parse((PACKAGE / "training" / "trainer.py").read_text())
     first = next(node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)))
     assert first.name == "training_loop"
+
+
+def test_the_license_is_the_license_file_in_a_form_every_setuptools_takes():
+    """setuptools >= 77 deprecates `license = {text = ...}` (a banner at every install) and setuptools < 77 (the
+    GPU image's no-network install) refuses an SPDX string: the license is the LICENSE file, which both put in the
+    metadata as License-File."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "license" not in project and "license-files" not in project
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
