@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
 ROOT = PACKAGE.parent
 # The dependency order, top to bottom (the README's table follows it); a package's __init__ comes after its modules.
