@@ -58,6 +58,16 @@ def test_a_long_prefix_comes_back_whole_and_the_cap_counts_after_it(translator, 
     too_long = " ".join(["dog"] * 400)
     with pytest.raises(OptionError, match="prefix 1 has .* tokens"):
         translator.translate(["Ein Hund rennt."], prefixes=[too_long])
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer.serve import create_app
+
+    with TestClient(create_app(translator)) as client:
+        refused = client.post("/translate", json={"text": ["Ein Hund.", "Ein Hund rennt."], "prefix": ["", too_long]})
+        assert refused.status_code == 422 and refused.json()["field"] == "prefix" and "prefix 2" in refused.text
+        whole = client.post("/translate", json={"text": ["Ein Hund rennt."], "prefix": [prefix]}).json()
+        assert whole["translations"][0].startswith(prefix)
 
 
 @pytest.mark.parametrize("prefix", ["Zoë's café", "A dog 🐕 is", "🐕", "Ｆｕｌｌ width"])

@@ -90,7 +90,8 @@ def _close(a: list[list[float]], b: list[list[float]], tol: float = 1e-6) -> boo
 def test_the_attention_explorer_in_chromium(server, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     chromium = _chromium()
-    expected = httpx.post(server + "/attention", json={"text": SENTENCE}, timeout=60).json()
+    beam_size = httpx.get(server + "/health", timeout=60).json()["decoding"]["beam_size"]  # the page's default
+    expected = httpx.post(server + "/attention", json={"text": SENTENCE, "beam_size": beam_size}, timeout=60).json()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:

@@ -163,7 +163,7 @@ class Translator:
         options = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
-        prefix_ids = self._prefix_ids(prefixes)
+        prefix_ids = self.prefix_ids(prefixes)
         searched, distinct = n_best_search(options)
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
@@ -232,7 +232,7 @@ class Translator:
             out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
         return out
 
-    def _prefix_ids(self, prefixes: Optional[list[Optional[str]]]) -> Optional[list[Optional[list[int]]]]:
+    def prefix_ids(self, prefixes: Optional[list[Optional[str]]]) -> Optional[list[Optional[list[int]]]]:
         """Per prefix, its target ids (None for None or a blank one); None for no prefixes.
 
         Raises:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, attention_for
-from ..config import ConfigError, DecodingConfig
+from ..config import ConfigError, DecodingConfig, OptionError
 from ..decoding.options import SERVER_BATCHING, option_fields
 from ..translate import Translator
 from .batching import Prefixes, RequestBatcher, Translated
@@ -124,6 +124,10 @@ class TranslationService:
             raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}")
         for i, one in enumerate(prefix or []):
             _check_encodable(one or "", f"prefix[{i}]")
+        try:  # here, not in the shared decoding call: a refused prefix must not fail the requests batched with it
+            self.translator.prefix_ids(prefix)
+        except OptionError as err:
+            raise RequestError(422, "prefix", str(err)) from None
         engine = self.translator.engine
         if alignment and engine.attention_model is None:
             raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
