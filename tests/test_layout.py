@@ -15,11 +15,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
 ROOT = PACKAGE.parent
 # The dependency order, top to bottom (the README's table follows it); a package's __init__ comes after its modules.
 ORDER = [
-    "lazy_imports", "config.errors", "config.sections", "config.loading", "config", "device",
+    "lazy_imports", "config.errors", "config.languages", "config.sections", "config.loading", "config", "device",
     "model.attention", "model.layers", "model.transformer", "model",
     "fast.reductions", "fast.cache", "fast.layout", "fast.cpu", "fast.compiled", "fast.dropout", "fast",
     "tokenizer", "data.text", "data.datasets", "data.batching", "data.coverage", "data.token_cache",
-    "data.subword_sampling", "data",
+    "data.subword_sampling", "data.mixing", "data",
     "files", "hf",
     "checkpoint", "ct2",
     "decoding.interface", "decoding.hypothesis", "decoding.ngram", "decoding.rules", "decoding.greedy",

@@ -83,8 +83,10 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
         raise AttentionPlotError(f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
                                  f"{translator.engine.name} model has no attention to read")
     tokenizer = translator.tokenizer
-    src_ids, truncated = source_within(tokenizer.src_ids([sentence.strip()])[0], translator.engine.max_source_len)
     options = options or attention_options(translator)
+    language = translator.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
+    src_ids, truncated = source_within(language + tokenizer.src_ids([sentence.strip()])[0],
+                                       translator.engine.max_source_len)
     hyp = translator.decode_ids([src_ids], options)[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = next(model.parameters()).device
@@ -95,7 +97,8 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
     return {
         "translation": text,
         "truncated": truncated,
-        "src_pieces": tokenizer.src_pieces(sentence.strip())[:len(src_ids) - 1] + ["</s>"],
+        "src_pieces": ([tokenizer.id_to_piece(i, "src") for i in language] + tokenizer.src_pieces(sentence.strip())
+                       )[:len(src_ids) - 1] + ["</s>"],
         "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
         "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
         **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},

@@ -36,14 +36,15 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...
     group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
     for option in option_fields(exclude):
         flag, text, metavar = "--" + option.name.replace("_", "-"), option.metadata["help"], option.metadata["metavar"]
-        kind = option.type if isinstance(option.type, str) else option.type.__name__  # "int", "float" or "bool"
+        kind = option.type if isinstance(option.type, str) else option.type.__name__  # int, float, bool, Optional[str]
         if kind == "bool" and option.default:
             group.add_argument(flag.replace("--", "--no-"), dest=option.name, action="store_const", const=False,
                                help=f"turn off (on by default): {text}")
         elif kind == "bool":
             group.add_argument(flag, action="store_const", const=True, help=text)
         else:
-            group.add_argument(flag, type={"int": int, "float": float}[kind], metavar=metavar, help=text)
+            group.add_argument(flag, type={"int": int, "float": float, "Optional[str]": str}[kind], metavar=metavar,
+                               help=text)
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -233,7 +234,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     _, train, valid = prepare_data(with_absolute_data_path(load_config(args.config, args.set)), run_dir)
     models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
-    print(f"prepared {run_dir}: tokenizer {models}, {len(train)} training pairs in the token cache, "
+    n_train = sum(map(len, train)) if isinstance(train, list) else len(train)  # a list: one cache per direction
+    print(f"prepared {run_dir}: tokenizer {models}, {n_train} training pairs in the token cache, "
           f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
           "--set finds both")
     return 0
@@ -342,7 +344,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                                   " ".join(args.checkpoint))
     _note_compile(args)
     hyps = translate_test_set(translator, src, **_decoding_kwargs(args))
-    scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
+    scores = corpus_scores(hyps, refs, args.tgt_lang or tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**_decoding_kwargs(args))
     length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")

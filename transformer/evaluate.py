@@ -134,6 +134,9 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
         if src_path or ref_paths:
             raise ConfigError(f"evaluate: --split {split} and --src/--ref name two test sets; give one of them")
         config = override_config(config, overrides, sections=("data",), source=checkpoint)
+        if config.data.directions:
+            raise ConfigError(f"evaluate: --split {split} of a multilingual model ({', '.join(config.data.directions)})"
+                              ": give one direction's --src and --ref files and --tgt-lang")
         name = {"test": config.data.test_split, "valid": config.data.valid_split}.get(split, split)
         corpus = load_split(config.data, name)
         return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin

@@ -198,9 +198,12 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
         force: replace an existing output folder, if it is an earlier export or empty.
 
     Raises:
-        ExportError: a model Marian cannot express (naming the config key), safetensors missing, or an output that
-            exists (without `force`, or with it when it is something other than an earlier export or empty).
+        ExportError: a model Marian cannot express (naming the config key; a multilingual one, not yet),
+            safetensors missing, or an output that exists (without `force`, or with it when it is something other
+            than an earlier export or empty).
     """
+    if config.data.directions:  # its language tokens are not written for MarianTokenizer yet
+        raise ExportError(f"a multilingual model ({', '.join(config.data.directions)}) cannot be exported yet")
     safetensors = _safetensors()
     output_dir = Path(output_dir)
     check_replaceable(output_dir, force, is_marian_dir, "no config.json of a Marian model")

@@ -25,6 +25,7 @@ from typing import Optional
 import sentencepiece as spm
 
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
+from .config.languages import language_pairs, source_token
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,23 @@ class Tokenizer:
         if self.vocab is not None:
             return [self._piece_ids.get(p, UNK_ID) for p in pieces]
         return (self.src if side == "src" else self.tgt).piece_to_id(list(pieces))
+
+    def token_id(self, piece: str) -> int:
+        """The source id of a piece that must be one whole piece of the vocabulary (a language token, `>>fra<<`).
+
+        Raises:
+            TokenizerError: the vocabulary lacks it.
+        """
+        token = self.piece_ids([piece], "src")[0]
+        if token == UNK_ID or self.id_to_piece(token, "src") != piece:
+            raise TokenizerError(f"the vocabulary has no piece {piece}: this model was not trained with it")
+        return token
+
+    def source_prefix(self, data: DataConfig) -> list[int]:
+        """The ids put before every source of `data`: none for a bilingual run, the target language's token for the
+        data section of one direction (`config.languages.for_direction`, `source_token`)."""
+        token = source_token(data)
+        return [] if token is None else [self.token_id(token)]
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source token ids, each sequence ending with eos."""
@@ -208,8 +226,10 @@ SPM_MAX_SENTENCE_BYTES = 4192
 sentencepiece; we count and log them (the rest of the pipeline keeps them)."""
 
 
-def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int) -> bytes:
-    """Train one sentencepiece model in memory on all of `sentences`; returns its serialized proto."""
+def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int, symbols: tuple[str, ...] = ()
+               ) -> bytes:
+    """Train one sentencepiece model in memory on all of `sentences`; returns its serialized proto. `symbols` (the
+    language tokens of a multilingual run) become user-defined pieces: each is one piece, ids 4, 5, ..."""
     import io
 
     too_long = sum(len(s) * 4 > SPM_MAX_SENTENCE_BYTES and len(s.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES
@@ -218,12 +238,13 @@ def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int) 
         logger.warning("sentencepiece skips %d of the %d %s sentences it trains on: longer than %d bytes",
                        too_long, len(sentences), what, SPM_MAX_SENTENCE_BYTES)
     model = io.BytesIO()
+    extra = {"user_defined_symbols": list(symbols)} if symbols else {}
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=model, vocab_size=data.vocab_size,
             model_type=data.spm_model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
             eos_id=EOS_ID, input_sentence_size=0, shuffle_input_sentence=False,
-            max_sentence_length=SPM_MAX_SENTENCE_BYTES, num_threads=threads, minloglevel=2)
+            max_sentence_length=SPM_MAX_SENTENCE_BYTES, num_threads=threads, minloglevel=2, **extra)
     except RuntimeError as err:
         match = re.search(r"<= (\d+)", str(err))
         largest = f"; the largest size that works on this data is {match.group(1)}" if match else ""
@@ -233,7 +254,8 @@ def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int) 
     return model.getvalue()
 
 
-def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig, threads: int = 2) -> Tokenizer:
+def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig, threads: int = 2,
+                    symbols: tuple[str, ...] = ()) -> Tokenizer:
     """Train sentencepiece on these sentences (a sample of the training split): one joint model, or one per language.
 
     Every sentence given is used (the caller samples: see `DataConfig.spm_max_sentences`); with the same sentences
@@ -243,6 +265,7 @@ def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig
         src_texts, tgt_texts: training sentences.
         data: vocab_size, joint_vocab, spm_model_type.
         threads: sentencepiece training threads.
+        symbols: pieces the joint model must hold whole (a multilingual run's language tokens).
 
     Raises:
         TokenizerError: if the vocabulary size cannot be reached on this text (naming the largest that can).
@@ -250,7 +273,8 @@ def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig
     if data.joint_vocab:
         logger.info("training a joint %s sentencepiece model (%d pieces) on %d sentences", data.spm_model_type,
                     data.vocab_size, len(src_texts) + len(tgt_texts))
-        return Tokenizer(_train_one(src_texts + tgt_texts, data, f"{data.src_lang}+{data.tgt_lang}", threads))
+        what = "+".join(dict.fromkeys(lang for pair in language_pairs(data) for lang in pair))
+        return Tokenizer(_train_one(src_texts + tgt_texts, data, what, threads, symbols))
     logger.info("training %s sentencepiece models (%d pieces each) on %d sentences each", data.spm_model_type,
                 data.vocab_size, len(src_texts))
     return Tokenizer(_train_one(src_texts, data, data.src_lang, threads),

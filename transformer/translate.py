@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from .config import BOS_ID, EOS_ID, DecodingConfig, OptionError
+from .config import BOS_ID, EOS_ID, ConfigError, DecodingConfig, OptionError
+from .config.languages import language_token, target_languages
 from .decoding import Hypothesis
 from .decoding.alignment import align_words
 from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
@@ -112,9 +113,40 @@ class Translator:
         (`decoding/options.py: decoding_options`).
 
         Raises:
-            ConfigError: an option out of range (e.g. n_best > beam_size), or a sampling option without sampling.
+            ConfigError: an option out of range (e.g. n_best > beam_size), a sampling option without sampling, or a
+                tgt_lang the model cannot translate into (`source_prefix`).
         """
-        return decoding_options(self.config.decoding, **overrides)
+        options = decoding_options(self.config.decoding, **overrides)
+        self.source_prefix(options.tgt_lang)  # a target language the model lacks (or none for several) is refused
+        return options
+
+    @property
+    def languages(self) -> list[str]:
+        """The languages the model translates into: a multilingual model's (data.directions), else data.tgt_lang."""
+        return target_languages(self.config.data)
+
+    def source_prefix(self, tgt_lang: Optional[str]) -> list[int]:
+        """The ids put before every source to translate into `tgt_lang`: a multilingual model's token of it
+        (`config/languages.py`, Johnson et al. 2017); nothing for a bilingual model.
+
+        Raises:
+            ConfigError (key decoding.tgt_lang): a multilingual model without tgt_lang or with one it lacks, or a
+                bilingual model with another language than its data.tgt_lang; the message lists the model's
+                languages.
+        """
+        data, detail = self.config.data, None
+        if not data.directions:
+            if tgt_lang is not None and tgt_lang != data.tgt_lang:
+                detail = (f"this model translates {data.src_lang}->{data.tgt_lang} only; tgt_lang {tgt_lang!r} is "
+                          f"not its language (give {data.tgt_lang} or leave it out)")
+        elif tgt_lang is None:
+            detail = (f"this model translates into {len(self.languages)} languages: give the one to translate into, "
+                      f"one of {', '.join(self.languages)}")
+        elif tgt_lang not in self.languages:
+            detail = f"this model translates into {', '.join(self.languages)}, not {tgt_lang!r}"
+        if detail is not None:
+            raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
+        return [self.tokenizer.token_id(language_token(tgt_lang))] if data.directions else []
 
     def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
                   **options: Any) -> list[str]:
@@ -165,9 +197,10 @@ class Translator:
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
         prefix_ids = self.prefix_ids(prefixes)
         searched, distinct = n_best_search(options)
+        language = self.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
-            src_ids, truncated = self._with_eos(texts, ids)
+            src_ids, truncated = self._with_eos(texts, [language + sentence for sentence in ids])
             hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids,
                                          should_stop=should_stop)
             self.stats.truncated = truncated

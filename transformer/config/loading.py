@@ -57,6 +57,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _require(isinstance(value, (list, tuple)) and len(value) == len(args), key,
                  f"expected a list of {len(args)} numbers, got {value!r}")
         return tuple(_coerce(v, a, key) for v, a in zip(value, args))
+    if origin is list:
+        _require(isinstance(value, (list, tuple)), key, f"expected a list, got {value!r}")
+        return [_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         _require(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
         return {str(k): _coerce(v, str, f"{key}.{k}") for k, v in value.items()}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import _require
+from .languages import check_directions
 
 # --------------------------------------------------------------------------------------------------
 # The model
@@ -116,9 +117,17 @@ class DataConfig:
     """Where the parallel corpus comes from and how it is tokenized and batched."""
 
     src_lang: str = "de"
-    """Source language code: file suffix (`train.de.gz`) or dataset column / translation key."""
+    """Source language code: file suffix (`train.de.gz`) or dataset column / translation key. Not read when
+    `directions` is set."""
     tgt_lang: str = "en"
-    """Target language code."""
+    """Target language code. Not read when `directions` is set."""
+    directions: list[str] = field(default_factory=list)
+    """A multilingual run (docs/training.md): the "src-tgt" directions trained together, e.g. [de-en, fr-en, en-de];
+    each source starts with its target language's token (`>>fra<<`, `config/languages.py`). Empty: bilingual,
+    src_lang -> tgt_lang with no token."""
+    direction_temperature: float = 1.0
+    """With directions: each epoch draws direction d's share of pairs with probability proportional to n_d^(1/T),
+    n_d its training pairs (T >= 1; 1: in proportion to the sizes; 5 is common; large: uniform)."""
     path: Optional[str] = None
     """Local folder with `{split}.{lang}` or `{split}.{lang}.gz` files, one sentence per line.
     Relative paths are taken from the working directory. Used when it exists."""
@@ -177,6 +186,7 @@ class DataConfig:
     `data/token_cache.py`); null: $TRANSFORMER_NMT_CACHE, else ~/.cache/transformer-nmt."""
 
     def __post_init__(self) -> None:
+        check_directions(self)
         _require(bool(self.src_lang) and bool(self.tgt_lang), "data.src_lang", "languages must be non-empty")
         _require(self.src_lang != self.tgt_lang, "data.tgt_lang",
                  f"source and target language are both {self.src_lang!r}")
@@ -339,6 +349,10 @@ class DecodingConfig:
                                  "off: the model sees it as unk")
     """Text the source vocabulary cannot represent (emoji, symbols, other scripts) is taken out before translating and
     put back, unchanged, into the translation (`transformer/passthrough.py`); false: it reaches the model as unk."""
+    tgt_lang: Optional[str] = _option(None, "the language to translate into (a code such as fr): a multilingual "
+                                      "model needs it; a bilingual one takes only its own", "LANG")
+    """The target language: put as its token (`>>fra<<`) at the start of each source of a multilingual model; None
+    with one is refused, naming its languages. A bilingual model accepts None or its own data.tgt_lang."""
 
     def __post_init__(self) -> None:
         _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")
@@ -361,6 +375,9 @@ class DecodingConfig:
                  "max_len_a * src_len + max_len_b must allow at least one token")
         _require(self.min_len >= 0, "decoding.min_len", "must be >= 0")
         _require(self.batch_size > 0, "decoding.batch_size", "must be a positive integer")
+        _require(self.tgt_lang is None or (isinstance(self.tgt_lang, str) and self.tgt_lang.strip() == self.tgt_lang
+                                           and bool(self.tgt_lang)), "decoding.tgt_lang",
+                 f"a language code such as fr, got {self.tgt_lang!r}")
 
 
 @dataclass(frozen=True)

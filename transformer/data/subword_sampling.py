@@ -80,16 +80,16 @@ class SubwordSampler:
 
     def __init__(self, tokenizer: Tokenizer, data: DataConfig) -> None:
         self.tokenizer, self.alpha, self.nbest_size = tokenizer, data.subword_alpha, data.subword_nbest_size
-        self.is_bpe = data.spm_model_type == "bpe"
+        self.is_bpe, self.src_prefix = data.spm_model_type == "bpe", tokenizer.source_prefix(data)  # a language token
         self._sides = {side: _SentencePieceSide(sp) for side, sp in (("src", tokenizer.src), ("tgt", tokenizer.tgt))}
 
     def src_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Source ids of one sampled segmentation of each text, without eos (as `Tokenizer.src_ids`)."""
         if self.tokenizer.vocab is None:
-            return [self.tokenizer.piece_ids(p, "src") for p in self._pieces("src", texts, rng)]
+            return [self.src_prefix + self.tokenizer.piece_ids(p, "src") for p in self._pieces("src", texts, rng)]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self._pieces("src", list(rests), rng)
-        return [self.tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
+        return [self.src_prefix + self.tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
@@ -169,8 +169,9 @@ def chunk_seed(seed: int, epoch: int, chunk: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}:{chunk}".encode()).digest()[:8], "little")
 
 
-def sample_folder(run_dir: Path, epoch: int) -> Path:
-    return run_dir / SAMPLES_FOLDER / f"epoch_{epoch}"
+def sample_folder(run_dir: Path, epoch: int, name: str = "") -> Path:
+    """RUN_DIR/subword_samples/epoch_{epoch}, or for one direction of a multilingual run .../{name}/epoch_{epoch}."""
+    return run_dir / SAMPLES_FOLDER / name / f"epoch_{epoch}"
 
 
 def sample_spec(cache_spec: dict[str, Any], data: DataConfig, seed: int, epoch: int) -> dict[str, Any]:
@@ -293,17 +294,18 @@ class SampledEpochs:
         seed: training.seed.
         run_dir: where the samples are written (`RUN_DIR/subword_samples/`).
         build: True for the one process per machine that builds samples (local rank 0); the others wait for them.
+        name: the direction ("de-en") of a multilingual run, whose samples have a folder of their own.
 
     Raises:
         ValueError: `cache` holds pairs in memory (no spec), not a token cache.
     """
 
     def __init__(self, cache: EncodedPairs, data: DataConfig, tokenizer: Tokenizer, seed: int, run_dir: Path,
-                 build: bool = True) -> None:
+                 build: bool = True, name: str = "") -> None:
         if cache.spec is None:
             raise ValueError("subword sampling starts from a token cache (get_token_cache), not pairs in memory")
         self.cache, self.data, self.tokenizer = cache, data, tokenizer
-        self.seed, self.run_dir, self.build = seed, run_dir, build
+        self.seed, self.run_dir, self.build, self.name = seed, run_dir, build, name
         self._workers: dict[int, subprocess.Popen] = {}
 
     def __len__(self) -> int:
@@ -334,7 +336,7 @@ class SampledEpochs:
             if process.poll() is None:
                 process.terminate()
             process.wait()
-            folder = sample_folder(self.run_dir, epoch)
+            folder = sample_folder(self.run_dir, epoch, self.name)
             shutil.rmtree(folder.with_name(f".{folder.name}.tmp"), ignore_errors=True)
             folder.with_name(f".{folder.name}.job").unlink(missing_ok=True)
         self._workers.clear()
@@ -343,7 +345,7 @@ class SampledEpochs:
         return sample_spec(self.cache.spec, self.data, self.seed, epoch)
 
     def _sample(self, epoch: int) -> EncodedPairs:
-        folder, spec = sample_folder(self.run_dir, epoch), self._spec(epoch)
+        folder, spec = sample_folder(self.run_dir, epoch, self.name), self._spec(epoch)
         start = time.perf_counter()
         if self.build and epoch not in self._workers and not self._is_complete(folder, spec):
             shutil.rmtree(folder, ignore_errors=True)  # left by a run with other settings
@@ -371,7 +373,7 @@ class SampledEpochs:
 
     def _start(self, epoch: int) -> None:
         """Start the background build of `epoch`'s sample unless it is there or being built."""
-        folder = sample_folder(self.run_dir, epoch)
+        folder = sample_folder(self.run_dir, epoch, self.name)
         if epoch in self._workers or self._is_complete(folder, self._spec(epoch)):
             return
         # A new interpreter rather than a fork of this process (and its torch threads), and rather than
@@ -388,7 +390,7 @@ class SampledEpochs:
         self._workers[epoch] = subprocess.Popen(command, env=env)
 
     def _remove_before(self, epoch: int) -> None:
-        root = self.run_dir / SAMPLES_FOLDER
+        root = self.run_dir / SAMPLES_FOLDER / self.name
         if not root.is_dir():
             return
         for path in [*root.glob("epoch_*"), *root.glob(".epoch_*")]:  # samples, locks, jobs, temporary folders

@@ -141,9 +141,11 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
 def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
     """Everything a cache's content depends on (its key is the hash of this)."""
     memo = cache_root(data) / "file_sha256.json"
-    return {"format": CACHE_FORMAT, "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
+    spec = {"format": CACHE_FORMAT, "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
             "tokenizer_sha256": tokenizer_digest(tokenizer),
             "max_len": data.max_len, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
+    prefix = tokenizer.source_prefix(data)  # a direction of a multilingual run: its target's token starts each source
+    return {**spec, "src_prefix": prefix} if prefix else spec
 
 
 def cache_folder(root: Path, split: str, data: DataConfig, spec: dict[str, Any]) -> Path:
@@ -193,7 +195,8 @@ def get_token_cache(data: DataConfig, split: str, tokenizer: Tokenizer, build: b
         if (folder / "meta.json").exists():
             return _open_existing(folder, spec)
         _explain_rebuild(root, split, data, spec, folder)
-        build_token_cache(source, tokenizer, data.max_len, folder, spec, threads)
+        build_token_cache(source, tokenizer, data.max_len, folder, spec, threads,
+                          src_prefix=tuple(spec.get("src_prefix", ())))
     return open_token_cache(folder, spec)
 
 
@@ -306,12 +309,14 @@ the same order: how a cache's chunks are encoded."""
 
 def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, folder: Path, spec: dict[str, Any],
                       threads: int = 0, chunk_size: int = 50_000, encode: Optional[ChunkEncoder] = None,
-                      progress: bool = True, label: str = "token cache") -> dict[str, Any]:
+                      progress: bool = True, label: str = "token cache", src_prefix: tuple[int, ...] = ()
+                      ) -> dict[str, Any]:
     """Encode `source` into a new cache at `folder` (see the module docstring for the layout).
 
     Pairs with an empty side, a source longer than max_len tokens (eos included) or a target longer than
     max_len - 1 pieces (so that target + eos fits) are dropped and counted. Both sides are encoded by
-    sentencepiece with `threads` threads (or by `encode`), `chunk_size` pairs at a time;
+    sentencepiece with `threads` threads, each source after the ids `src_prefix` (or by `encode`), `chunk_size` pairs
+    at a time;
     a tqdm bar shows the progress unless `progress` is False. `label` names the result in the log.
 
     Returns:
@@ -325,7 +330,8 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
     if encode is None:
         def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
             for src, tgt in chunks:
-                yield tokenizer.src_ids(src, num_threads=threads), tokenizer.tgt_ids(tgt, num_threads=threads)
+                yield ([[*src_prefix, *ids] for ids in tokenizer.src_ids(src, num_threads=threads)],
+                       tokenizer.tgt_ids(tgt, num_threads=threads))
     vocab = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     tmp = folder.with_name(f".{folder.name}.tmp")

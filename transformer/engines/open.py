@@ -103,7 +103,8 @@ def _check_ensemble(paths: list[str | Path], loaded: list[tuple[Config, Transfor
         if tokenizer.digest() != first:
             raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                               "different ones")
-        pairs = {(config.data.src_lang, config.data.tgt_lang), (data.src_lang, data.tgt_lang)}
+        pairs = {(config.data.src_lang, config.data.tgt_lang, *config.data.directions),
+                 (data.src_lang, data.tgt_lang, *data.directions)}
         if len(pairs) > 1 and UNKNOWN_PAIR not in pairs:
             raise OptionError(f"an ensemble translates one language pair: {paths[0]} is {data.src_lang}->"
                               f"{data.tgt_lang}, {path} {config.data.src_lang}->{config.data.tgt_lang}")

@@ -176,7 +176,8 @@ class TranslationService:
         return data
 
     def health(self) -> dict[str, Any]:
-        """Model, vocabulary, device, uptime (seconds), limits, decoding defaults and batching counts."""
+        """Model, vocabulary, languages (those a request's tgt_lang may name; a multilingual model's directions),
+        device, uptime (seconds), limits, decoding defaults and batching counts."""
         engine, config, tokenizer = self.translator.engine, self.translator.config, self.translator.tokenizer
         sizes = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions", "norm_first")
         return {
@@ -187,6 +188,7 @@ class TranslationService:
             "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
                            "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
                            "joint": tokenizer.is_joint},
+            "languages": {"tgt_langs": self.translator.languages, "directions": list(config.data.directions)},
             "device": engine.device,
             "uptime_s": round(time.time() - self._started, 1),
             "limits": asdict(self.limits),

@@ -1,0 +1,118 @@
+"""Languages of a multilingual model: the target-language token and the directions of `data.directions`.
+
+A multilingual model (Johnson et al. 2017, "Google's Multilingual Neural Machine Translation System") is one
+encoder-decoder trained on several directions at once; the language to translate into is told by a token at the
+start of the source. We name the tokens as OPUS-MT's multi-target models do, `>>fra<<` with the ISO 639-3 code, so
+that our exports and Marian's imports agree (`language_token`).
+
+`data.directions` lists "src-tgt" strings such as "de-en"; empty, the run is bilingual (`data.src_lang` ->
+`data.tgt_lang`, no token). Functions here take the `DataConfig` (`sections.py`, below this module) as it comes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Optional
+
+from .errors import _require
+
+OPUS_CODES = {
+    "ar": "ara", "bg": "bul", "ca": "cat", "cs": "ces", "cy": "cym", "da": "dan", "de": "deu", "el": "ell",
+    "en": "eng", "es": "spa", "et": "est", "eu": "eus", "fi": "fin", "fr": "fra", "ga": "gle", "gl": "glg",
+    "he": "heb", "hi": "hin", "hr": "hrv", "hu": "hun", "hy": "hye", "id": "ind", "is": "isl", "it": "ita",
+    "ja": "jpn", "ka": "kat", "ko": "kor", "lt": "lit", "lv": "lav", "mk": "mkd", "mt": "mlt", "nl": "nld",
+    "pl": "pol", "pt": "por", "ro": "ron", "ru": "rus", "sk": "slk", "sl": "slv", "sq": "sqi", "sr": "srp",
+    "sv": "swe", "th": "tha", "tr": "tur", "uk": "ukr", "vi": "vie",
+}
+"""ISO 639-1 code -> the ISO 639-3 code OPUS-MT's target-language tokens use (`>>fra<<`). Codes not listed (a
+three-letter code already, or one such as Chinese and Norwegian, where OPUS-MT names scripts or variants:
+`>>cmn_Hans<<`, `>>nob<<`) are used as given."""
+
+_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def language_token(code: str) -> str:
+    """The target-language token of a language code, as OPUS-MT names it: `>>` + ISO 639-3 code + `<<`.
+
+    de -> `>>deu<<`, en -> `>>eng<<`, fr -> `>>fra<<`, cs -> `>>ces<<` (`OPUS_CODES`); any other code as given
+    (`>>cmn_Hans<<` for "cmn_Hans"). It is put at the start of every source of a multilingual model (Johnson et al.
+    2017, §3) and is one piece of the model's vocabulary.
+    """
+    return f">>{OPUS_CODES.get(code, code)}<<"
+
+
+def parse_direction(direction: str) -> tuple[str, str]:
+    """("de", "en") of "de-en".
+
+    Raises:
+        ConfigError: not two different language codes (letters, digits, "_") joined by one "-", naming
+            data.directions.
+    """
+    parts = direction.split("-") if isinstance(direction, str) else []
+    _require(len(parts) == 2 and all(_CODE.fullmatch(p) for p in parts) and parts[0] != parts[1], "data.directions",
+             f"each direction is 'src-tgt' with two different language codes (e.g. de-en), got {direction!r}")
+    return parts[0], parts[1]
+
+
+def check_directions(data: Any) -> None:
+    """The `DataConfig` checks of `directions` and `direction_temperature` (called by its `__post_init__`).
+
+    Raises:
+        ConfigError: a malformed or repeated direction, a temperature below 1, or several languages with
+            data.joint_vocab false (one vocabulary must spell every language and hold the tokens).
+    """
+    _require(data.direction_temperature >= 1.0, "data.direction_temperature",
+             f"must be at least 1 (1: directions in proportion to their sizes; larger: closer to uniform), got "
+             f"{data.direction_temperature}")
+    if not data.directions:
+        return
+    _require(isinstance(data.directions, (list, tuple)), "data.directions",
+             f"a list of 'src-tgt' strings, e.g. [de-en, fr-en], got {data.directions!r}")
+    pairs = [parse_direction(d) for d in data.directions]
+    repeated = sorted({d for d in data.directions if data.directions.count(d) > 1})
+    _require(not repeated, "data.directions", f"{', '.join(repeated)} listed more than once")
+    _require(data.joint_vocab, "data.joint_vocab", "a multilingual run (data.directions) needs one joint "
+             "vocabulary for every language and its tokens: set data.joint_vocab: true")
+    tokens = {}
+    for _, tgt in pairs:
+        other = tokens.setdefault(language_token(tgt), tgt)
+        _require(other == tgt, "data.directions", f"target languages {other} and {tgt} have the same token "
+                 f"{language_token(tgt)}: use one code for one language")
+
+
+def language_pairs(data: Any) -> list[tuple[str, str]]:
+    """The (source, target) languages the run trains on: each of data.directions, or (src_lang, tgt_lang)."""
+    return [parse_direction(d) for d in data.directions] or [(data.src_lang, data.tgt_lang)]
+
+
+def target_languages(data: Any) -> list[str]:
+    """The languages the model translates into, in the order of data.directions (bilingual: [tgt_lang])."""
+    return list(dict.fromkeys(tgt for _, tgt in language_pairs(data)))
+
+
+def language_tokens(data: Any) -> list[str]:
+    """The tokens a multilingual run's vocabulary holds, one per target language; none for a bilingual run."""
+    return [language_token(lang) for lang in target_languages(data)] if data.directions else []
+
+
+def for_direction(data: Any, direction: str) -> Any:
+    """The data section of one direction of a multilingual run: src_lang and tgt_lang are its languages and
+    directions holds it alone, so that file names, token caches and samples are those of that direction and
+    `source_token` gives its target's token."""
+    src, tgt = parse_direction(direction)
+    return dataclasses.replace(data, src_lang=src, tgt_lang=tgt, directions=[direction])
+
+
+def source_token(data: Any) -> Optional[str]:
+    """The token put at the start of every source of this data: None for a bilingual run; for the data section of
+    one direction (`for_direction`) its target language's token.
+
+    Raises:
+        ValueError: several directions (take `for_direction` first).
+    """
+    if not data.directions:
+        return None
+    if len(data.directions) > 1:
+        raise ValueError(f"{len(data.directions)} directions: take one with for_direction first")
+    return language_token(parse_direction(data.directions[0])[1])

@@ -1,0 +1,105 @@
+"""The directions of a multilingual run mixed into one epoch by temperature sampling (Arivazhagan et al. 2019,
+"Massively Multilingual Neural Machine Translation in the Wild", §4.2).
+
+Direction d, with n_d training pairs, is drawn with probability p_d = n_d^(1/T) / sum_k n_k^(1/T)
+(`data.direction_temperature` T >= 1): T = 1 is proportional to the sizes (as if the corpora were concatenated),
+a larger T gives the small directions more, and T -> infinity is uniform.
+
+An epoch holds as many pairs as all directions together (N = sum n_d), direction d's share N * p_d rounded to whole
+pairs (largest remainders), so that every epoch follows the temperature exactly rather than only on average. The
+share's pairs are drawn from the direction's own pairs without replacement, in a fresh random order every epoch:
+a direction sampled below its size sees a different subset each epoch, one sampled above it every pair once per
+whole pass and the rest drawn anew. All of it is fixed by the seed and the epoch number, so a resumed run sees the
+same epochs. The batches of an epoch (`batching.token_batches`) are then cut from the mixed pairs as from any
+corpus: a batch mixes directions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .token_cache import EncodedPairs
+
+if TYPE_CHECKING:
+    from .batching import Batch
+
+
+def direction_probabilities(sizes: list[int], temperature: float) -> np.ndarray:
+    """p_d = n_d^(1/T) / sum_k n_k^(1/T): `(len(sizes),)` float64, summing to 1."""
+    weights = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    return weights / weights.sum()
+
+
+def direction_shares(sizes: list[int], temperature: float) -> np.ndarray:
+    """Pairs of each direction in one epoch of sum(sizes) pairs: N * p_d rounded by largest remainders (they sum to
+    N; ties go to the earlier direction). `(len(sizes),)` int64."""
+    exact = direction_probabilities(sizes, temperature) * sum(sizes)
+    shares = np.floor(exact).astype(np.int64)
+    left = int(sum(sizes) - shares.sum())
+    order = np.lexsort((np.arange(len(sizes)), -(exact - shares)))  # largest remainder first, then earlier
+    shares[order[:left]] += 1
+    return shares
+
+
+def draw_indices(n_pairs: int, share: int, rng: np.random.Generator) -> np.ndarray:
+    """`share` indices into a direction's `n_pairs` pairs: whole random permutations while the share allows, then
+    the first indices of one more (without replacement within each pass)."""
+    passes = [rng.permutation(n_pairs) for _ in range(share // n_pairs)]
+    rest = rng.permutation(n_pairs)[:share % n_pairs]
+    return np.concatenate([*passes, rest]).astype(np.int64)
+
+
+class MixedPairs:
+    """One epoch's pairs of several directions, as one corpus: what `EncodedPairs` offers the training loop
+    (`src_lengths`, `tgt_lengths`, `batch`, `src`, `tgt`, `len`), over the directions' own pairs.
+
+    Args:
+        parts: each direction's pairs (its sources start with its target language's token).
+        direction: `(n,)` which part pair i comes from.
+        index: `(n,)` pair i's index in that part.
+    """
+
+    def __init__(self, parts: list[EncodedPairs], direction: np.ndarray, index: np.ndarray) -> None:
+        self.parts, self.direction, self.index = parts, direction, index
+        self.src_lengths = np.empty(len(index), dtype=np.int32)
+        self.tgt_lengths = np.empty(len(index), dtype=np.int32)
+        for d, part in enumerate(parts):
+            chosen = direction == d
+            self.src_lengths[chosen] = part.src_lengths[index[chosen]]
+            self.tgt_lengths[chosen] = part.tgt_lengths[index[chosen]]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def src(self, i: int) -> np.ndarray:
+        return self.parts[self.direction[i]].src(int(self.index[i]))
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.parts[self.direction[i]].tgt(int(self.index[i]))
+
+    def batch(self, indices: np.ndarray | list[int]) -> Batch:
+        """The padded `Batch` of these pairs, in this order."""
+        from .batching import make_batch
+
+        return make_batch([self.src(i) for i in indices], [self.tgt(i) for i in indices])
+
+
+def mix_directions(parts: list[EncodedPairs], sizes: list[int], temperature: float, seed: int, epoch: int
+                   ) -> MixedPairs:
+    """The pairs of one epoch: each direction's share (`direction_shares` of `sizes`) drawn from its pairs of this
+    epoch (`parts`: the token cache, or this epoch's subword sample, whose size may differ a little from `sizes`),
+    fixed by seed and epoch.
+
+    Args:
+        parts: each direction's pairs this epoch.
+        sizes: each direction's pairs in its token cache (the n_d of the probabilities; the same every epoch).
+        temperature: data.direction_temperature.
+        seed, epoch: training.seed and the epoch number.
+    """
+    rng = np.random.default_rng([seed, epoch, 0x6D6978])  # a stream apart from the batch order's ([seed, epoch])
+    shares = direction_shares(sizes, temperature)
+    index = [draw_indices(len(part), int(share), rng) for part, share in zip(parts, shares)]
+    direction = np.concatenate([np.full(len(i), d, dtype=np.int64) for d, i in enumerate(index)])
+    return MixedPairs(parts, direction, np.concatenate(index))
