@@ -261,7 +261,8 @@ def test_sentences_longer_than_the_model_reads_are_marked_per_request_and_logged
     alone = Translator(EchoEngine(tokenizer))
     assert first["translations"] == alone.translate([SRC[0], LONG]) and alone.stats.truncated == [1]
     assert [h["text"] for h in second["n_best"][0]] == [t for t, _ in alone.translate_n_best([LONG], n_best=2)[0]]
-    plain, = _run(service, lambda: service.translate(SRC[:2], {}))
+    quick = TranslationService(translator, max_wait_ms=1)  # the service above waits for 5 sentences
+    plain, = _run(quick, lambda: quick.translate(SRC[:2], {}))
     assert plain["truncated"] == [False, False]
 
 
