@@ -126,12 +126,10 @@ def export_ctranslate2(config: Config, model: Any, tokenizer: Tokenizer, output_
         origin: what the metadata records as the model's origin (the checkpoint's path).
 
     Raises:
-        ExportError: ctranslate2 missing, a multilingual model (not yet), a bad quantization, the output exists
+        ExportError: ctranslate2 missing, a bad quantization, the output exists
             without `force`, or with `force` is something other than an earlier export or an empty folder.
     """
     ct2 = ctranslate2_module()
-    if config.data.directions:  # the language token of each source is not carried into the export yet
-        raise ExportError(f"a multilingual model ({', '.join(config.data.directions)}) cannot be exported yet")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
     output_dir = Path(output_dir)

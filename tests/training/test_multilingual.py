@@ -161,3 +161,23 @@ def test_an_interrupted_multilingual_run_resumes_exactly(multilingual_run, tmp_p
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_the_ctranslate2_export_translates_with_the_language_token_as_ours(multilingual_run, tmp_path):
+    """The token is a piece of the exported vocabulary like any other: CTranslate2 gets it at the start of each
+    source (the text layer puts it there for every engine), and switches language as our model does."""
+    pytest.importorskip("ctranslate2")
+    from transformer.ct2 import export_ctranslate2
+    from transformer.engines import load_model
+
+    best = multilingual_run / "checkpoints" / "best.pt"
+    export_ctranslate2(*load_model(best), tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(best), Translator.from_checkpoint(tmp_path / "ct2")
+    assert theirs.engine.name == "ctranslate2" and theirs.languages == ["a", "b"]
+    sources, _ = _test_set(multilingual_run)
+    for lang in "ab":
+        for beam_size in (1, 4):
+            assert theirs.translate(sources, tgt_lang=lang, beam_size=beam_size) == \
+                ours.translate(sources, tgt_lang=lang, beam_size=beam_size), (lang, beam_size)
+    with pytest.raises(ConfigError, match="one of a, b"):
+        theirs.translate(sources[:1])
