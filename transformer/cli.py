@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is")
     evaluate.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
                           help="override the checkpoint's data section for --split, e.g. --set data.path=DIR")
+    evaluate.add_argument("--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model")
     evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
     evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
     _add_decoding_flags(evaluate, exclude=("n_best",))  # BLEU scores the 1-best; n-best lists come from translate
@@ -333,19 +334,19 @@ def _check_translate_inputs(args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, translate_test_set, write_results
+    from .translate import Translator
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
-    from .translate import Translator
-
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
                                             workers=args.workers, compile=args.compile)
     src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
-                                                  " ".join(args.checkpoint))
+                                                  " ".join(args.checkpoint), args.direction)
     _note_compile(args)
-    hyps = translate_test_set(translator, src, **_decoding_kwargs(args))
+    kwargs = {**_decoding_kwargs(args), **({"tgt_lang": tgt_lang} if args.direction else {})}
+    hyps = translate_test_set(translator, src, **kwargs)
     scores = corpus_scores(hyps, refs, args.tgt_lang or tgt_lang, tokenize=args.tokenize)
-    options = translator.decoding_options(**_decoding_kwargs(args))
+    options = translator.decoding_options(**kwargs)
     length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
@@ -353,7 +354,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
           + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
     if args.json:
         record = {**scores.to_dict(), "checkpoint": " ".join(args.checkpoint), "data": origin,
-                  "beam_size": options.beam_size, "length_penalty": length_penalty,
+                  "direction": args.direction, "beam_size": options.beam_size, "length_penalty": length_penalty,
                   "quantization": args.quantization, "compile": args.compile, "workers": args.workers}
         print(f"wrote {args.json} and {write_results(args.json, hyps, record)}")
     return 0

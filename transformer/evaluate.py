@@ -13,6 +13,7 @@ import sacrebleu
 from tqdm import tqdm
 
 from .config import Config, ConfigError, OptionError, override_config
+from .config.languages import for_direction
 from .data import DataError, load_split, read_lines
 from .files import write_file
 from .translate import Translator
@@ -121,25 +122,33 @@ def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]]
 
 
 def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str], ref_paths: Optional[list[str]],
-                    overrides: list[str], checkpoint: str) -> tuple[list[str], list[list[str]], str, str]:
+                    overrides: list[str], checkpoint: str, direction: Optional[str] = None
+                    ) -> tuple[list[str], list[list[str]], str, str]:
     """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
     the target language, and where they came from. Either a split of the checkpoint's data section (with `--set
-    data.KEY=VALUE` overrides) or --src and --ref files.
+    data.KEY=VALUE` overrides; of a multilingual model, the split of one of its `direction`s) or --src and --ref
+    files.
 
     Raises:
-        ConfigError: both or neither given, or overrides without a split.
+        ConfigError: both or neither given, overrides without a split, a multilingual model's split without one of
+            its directions (or a direction given for a bilingual model).
         DataError: unreadable or misaligned files.
     """
     if split:
         if src_path or ref_paths:
             raise ConfigError(f"evaluate: --split {split} and --src/--ref name two test sets; give one of them")
         config = override_config(config, overrides, sections=("data",), source=checkpoint)
-        if config.data.directions:
-            raise ConfigError(f"evaluate: --split {split} of a multilingual model ({', '.join(config.data.directions)})"
-                              ": give one direction's --src and --ref files and --tgt-lang")
-        name = {"test": config.data.test_split, "valid": config.data.valid_split}.get(split, split)
-        corpus = load_split(config.data, name)
-        return corpus.src, [corpus.tgt], config.data.tgt_lang, corpus.origin
+        data = config.data
+        if data.directions and direction not in data.directions:
+            raise ConfigError(f"evaluate: --split {split} of a multilingual model: give --direction, one of "
+                              f"{', '.join(data.directions)}" + (f" (not {direction})" if direction else ""))
+        if direction and not data.directions:
+            raise ConfigError(f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
+                              f"translates {data.src_lang}-{data.tgt_lang} only")
+        data = for_direction(data, direction) if direction else data
+        name = {"test": data.test_split, "valid": data.valid_split}.get(split, split)
+        corpus = load_split(data, name)
+        return corpus.src, [corpus.tgt], data.tgt_lang, corpus.origin
     if overrides:
         raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
     if not (src_path and ref_paths):

@@ -181,3 +181,23 @@ def test_the_ctranslate2_export_translates_with_the_language_token_as_ours(multi
                 ours.translate(sources, tgt_lang=lang, beam_size=beam_size), (lang, beam_size)
     with pytest.raises(ConfigError, match="one of a, b"):
         theirs.translate(sources[:1])
+
+
+def test_evaluate_scores_one_direction_of_a_multilingual_model(multilingual_run, tmp_path, capsys):
+    best = str(multilingual_run / "checkpoints" / "best.pt")
+    scores = {}
+    for direction in ("x-a", "x-b"):
+        assert main(["evaluate", "--checkpoint", best, "--split", "test", "--set", "data.test_split=test",
+                     "--direction", direction, "--beam-size", "1", "--json", str(tmp_path / f"{direction}.json")]) == 0
+        out = capsys.readouterr().out
+        assert f"test.{direction[-1]}.gz" in out
+        record = json.loads((tmp_path / f"{direction}.json").read_text())
+        assert record["direction"] == direction and record["n_sentences"] == 50
+        hyps = (tmp_path / f"{direction}.hyp.txt").read_text().splitlines()
+        assert all(set(h.split()) <= set(WORDS[direction[-1]]) for h in hyps)  # translated into that language
+        scores[direction] = record["bleu"]
+    assert min(scores.values()) > 50
+    for extra, words in (([], ["--direction", "x-a, x-b"]), (["--direction", "x-c"], ["not x-c"])):
+        assert main(["evaluate", "--checkpoint", best, "--split", "test", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(w in err[0] for w in words), err
