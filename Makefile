@@ -58,15 +58,18 @@ AVERAGE_LAST ?= 5
 
 # Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
 # config's beam search (the Multi30k recipes: beam 4, α 2.0).
+# A multilingual run (data.directions) is scored direction by direction: eval_test_CKPT_DIRECTION_{greedy,beam}.json.
 evaluate: install
 	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
 		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
-	for ckpt in best avg_last$(AVERAGE_LAST); do \
-		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test --beam-size 1 \
-			--json $(RUN_DIR)/eval_test_$${ckpt}_greedy.json $(EVAL_SET_FLAGS) && \
-		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test \
-			--json $(RUN_DIR)/eval_test_$${ckpt}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
-	done
+	directions=$$($(BIN)/python -c "import yaml; print(' '.join(yaml.safe_load(open('$(RUN_DIR)/config.yaml'))['data'].get('directions') or []))"); \
+	for ckpt in best avg_last$(AVERAGE_LAST); do for d in $${directions:-none}; do \
+		flags=$$([ $$d = none ] || echo "--direction $$d"); name=$${ckpt}$$([ $$d = none ] || echo "_$$d"); \
+		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test --beam-size 1 $$flags \
+			--json $(RUN_DIR)/eval_test_$${name}_greedy.json $(EVAL_SET_FLAGS) && \
+		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test $$flags \
+			--json $(RUN_DIR)/eval_test_$${name}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
+	done; done
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.
