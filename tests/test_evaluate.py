@@ -34,3 +34,24 @@ def test_detokenized_hypotheses_ending_in_a_spaced_period_raise_no_detokenize_wa
         scores = corpus_scores(hyps, ["A dog runs."] * 120)
     assert 0 < scores.bleu < 100
     assert "detokenize" not in caplog.text
+
+
+def test_translate_test_set_names_truncated_lines_once_and_gives_back_the_callers_warning(caplog):
+    from types import SimpleNamespace
+
+    from transformer import evaluate
+
+    class Stub:
+        warn_truncated = True
+        engine = SimpleNamespace(max_source_len=8)
+
+        def translate(self, lines, **options):
+            assert not self.warn_truncated  # the per-input warning is off while it runs
+            self.stats = SimpleNamespace(truncated=[i for i, line in enumerate(lines) if len(line) > 5])
+            return [line.upper() for line in lines]
+
+    stub = Stub()
+    with caplog.at_level(logging.WARNING):
+        out = evaluate.translate_test_set(stub, ["a", "long line", "b"])
+    assert out == ["A", "LONG LINE", "B"] and stub.warn_truncated
+    assert "1 source lines" in caplog.text and "(lines 2)" in caplog.text

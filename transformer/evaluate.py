@@ -81,12 +81,15 @@ def translate_test_set(translator: Translator, src: list[str], **options: Any) -
     """
     hyps: list[str] = []
     truncated: list[int] = []
-    translator.warn_truncated = False  # said below, once
-    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
-        for start in range(0, len(src), EVALUATE_CHUNK):
-            hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **options)
-            truncated += [start + i + 1 for i in translator.stats.truncated]
-            bar.update(min(EVALUATE_CHUNK, len(src) - start))
+    warn, translator.warn_truncated = translator.warn_truncated, False  # said below, once; the caller's back after
+    try:
+        with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+            for start in range(0, len(src), EVALUATE_CHUNK):
+                hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **options)
+                truncated += [start + i + 1 for i in translator.stats.truncated]
+                bar.update(min(EVALUATE_CHUNK, len(src) - start))
+    finally:
+        translator.warn_truncated = warn
     if truncated:
         logger.warning("%d source lines have more than the model's max_positions=%d tokens: truncated, their start "
                        "translated (lines %s)", len(truncated), translator.engine.max_source_len,

@@ -195,17 +195,17 @@ class Translator:
         options = self.decoding_options(n_best=n_best, **options)
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
-        prefix_ids = self.prefix_ids(prefixes)
+        forced = self.prefix_ids(prefixes)
         searched, distinct = n_best_search(options)
         language = self.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
             src_ids, truncated = self._with_eos(texts, [language + sentence for sentence in ids])
-            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=prefix_ids,
+            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=forced,
                                          should_stop=should_stop)
             self.stats.truncated = truncated
-            outputs = [[(self._detokenize(h.tokens, prefixes[i] if prefix_ids and prefix_ids[i] else None,
-                                          prefix_ids[i] if prefix_ids else None), h) for h in hyps]
+            outputs = [[(self._detokenize(h.tokens, prefixes[i] if forced and forced[i] else None,
+                                          forced[i] if forced else None), h) for h in hyps]
                        for i, hyps in enumerate(hypotheses)]
             if distinct:
                 outputs = [[out[i] for i in distinct_first([t for t, _ in out], options.n_best,
