@@ -30,17 +30,18 @@ def marian_spm(seed: int = 0, vocab_size: int = 60) -> bytes:
 
 
 def write_marian(folder: Path, seed: int = 0, decoder_start_is_pad: bool = True, weight_std: float = 0.3,
-                 **config) -> Path:
+                 languages: tuple[str, ...] = ("fra",), **config) -> Path:
     """A MarianMTModel folder with random weights (std 0.3 by default, so that the output distributions are peaked;
     0: transformers' own initialisation) and a random final_logits_bias, saved by `transformers` itself, with its
-    MarianTokenizer files."""
+    MarianTokenizer files. Its vocabulary holds a target-language token (`>>fra<<`) per code of `languages` (two
+    or more: a multi-target model, as opus-mt-en-ROMANCE)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     proto = marian_spm(seed)
     sp = spm.SentencePieceProcessor(model_proto=proto)
     pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
-    vocab = {"</s>": 0, "<unk>": 1, ">>fra<<": 2}
+    vocab = {"</s>": 0, "<unk>": 1, **{f">>{code}<<": 2 + i for i, code in enumerate(languages)}}
     for piece in pieces:
         vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)

@@ -186,7 +186,7 @@ def test_ensembles_from_the_cli_and_their_refusals(trained_run, checkpoint, line
     data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
     save_checkpoint(reverse, tmp_path / "reverse.pt")
     refused = {("--checkpoint", str(other)): ["tokenizer", str(checkpoint), str(other)],
-               ("--checkpoint", str(tmp_path / "reverse.pt")): ["one language pair", "de->en", "en->de"],
+               ("--checkpoint", str(tmp_path / "reverse.pt")): ["the same directions", "de->en", "en->de"],
                ("--checkpoint", str(last), "--compile"): ["--compile"]}
     for extra, words in refused.items():
         assert main(["translate", "--checkpoint", str(checkpoint), *extra, lines[0]]) == 2

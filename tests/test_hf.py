@@ -266,3 +266,25 @@ def test_a_marian_tokenizer_saved_in_a_run_and_loaded_back_keeps_its_digest(mari
     assert again.digest() == tokenizer.digest()
     lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     assert again.encode_src(lines) == tokenizer.encode_src(lines)
+
+
+def test_a_multi_target_marian_folder_gives_its_languages_to_tgt_lang(tmp_path, capsys):
+    """A vocabulary with several `>>xxx<<` tokens (as opus-mt-en-ROMANCE): the import reads them as the model's
+    languages; tgt_lang puts its token first, as `>>fra<<` written before the text does for `transformers`."""
+    folder = write_marian(tmp_path / "mul", seed=4, languages=("fra", "deu", "cmn_Hans"))
+    translator = Translator.from_checkpoint(folder)
+    assert translator.languages == ["fr", "de", "cmn_Hans"]
+    lines = sentences(16, seed=5)
+    options = dict(beam_size=1, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
+    outputs = {}
+    for lang, token in (("fr", ">>fra<<"), ("de", ">>deu<<"), ("cmn_Hans", ">>cmn_Hans<<")):
+        outputs[lang] = translator.translate(lines, tgt_lang=lang, **options)
+        assert outputs[lang] == _generate(folder, [f"{token} {line}" for line in lines], 1, 12), lang
+    assert outputs["fr"] != outputs["de"]  # the token reaches the encoder
+    with pytest.raises(ConfigError, match="one of fr, de, cmn_Hans"):
+        translator.translate(lines[:1])
+    assert main(["translate", "--checkpoint", str(folder), "--tgt-lang", "de", "--beam-size", "1", "--max-len-a", "0",
+                 "--max-len-b", "12", lines[0]]) == 0
+    assert capsys.readouterr().out.strip() == outputs["de"][0]
+    single = write_marian(tmp_path / "one", seed=4)  # one token (>>fra<<): a bilingual model, as before
+    assert Translator.from_checkpoint(single).languages == ["tgt"]

@@ -271,10 +271,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
                                             workers=args.workers, compile=args.compile)
     translator.warn_truncated = False  # said below with the line number
     n_best = args.n_best or 1
-    translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad options fail before any input
+    options = translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad ones fail before any input
     if args.alignment and translator.engine.attention_model is None:
-        raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none to "
-                          "read")
+        raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none")
     _note_compile(args)
     if args.prefix_file and (args.sentences or args.input):  # a mismatch fails before any output
         n_input = len(args.sentences) if args.sentences else count_lines(args.input)
@@ -300,7 +299,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
             for line, hyps, ends in zip(lines, results, translator.stats.finished):
                 texts = [text for text, _ in hyps]
                 if args.alignment:
-                    texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, translator.align([line] * len(texts), texts))]
+                    pairs = translator.align([line] * len(texts), texts, tgt_lang=options.tgt_lang)  # as translated
+                    texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, pairs)]
                 chunk += ([f"{index}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
                            for t, (_, score), end in zip(texts, hyps, ends)] if args.n_best else [texts[0] + "\n"])
                 index += 1

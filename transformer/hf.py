@@ -27,6 +27,12 @@ checkpoint's decoding defaults. Our config rides along in `config.json` (key `tr
 restores it. What Marian cannot express (pre-norm, two vocabularies) is refused with the reason, and so is on import
 what our model cannot (unscaled embeddings, separate vocabularies, unequal encoder and decoder sizes, ...).
 
+A multilingual model (`data.directions`) is exported with its target-language tokens (`>>fra<<`, one piece each)
+in vocab.json: `transformers` code that starts a source with `>>fra<<`, as for the OPUS-MT multi-target models,
+translates as `translate --tgt-lang fr` does. Importing a folder we did not export, a vocabulary with two or more
+such tokens is read as a multi-target model: its languages are those of `--tgt-lang` (`>>fra<<` -> fr, see
+`config/languages.py`), with "src" as the source language, as Marian folders do not record theirs.
+
 `transformers` is not needed for any of this (the files are plain JSON, sentencepiece and safetensors); only the
 `safetensors` package is: `pip install 'transformer-nmt[hf]'` (`make install` includes it).
 """
@@ -41,6 +47,7 @@ import torch
 from torch import Tensor
 
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Config, ConfigError, config_from_dict
+from .config.languages import language_pairs, token_language
 from .files import CheckpointError, ExportError, check_replaceable, write_folder
 from .model import Transformer
 from .tokenizer import SPECIAL_PIECES, Tokenizer, TokenizerError
@@ -198,12 +205,10 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
         force: replace an existing output folder, if it is an earlier export or empty.
 
     Raises:
-        ExportError: a model Marian cannot express (naming the config key; a multilingual one, not yet),
+        ExportError: a model Marian cannot express (naming the config key),
             safetensors missing, or an output that exists (without `force`, or with it when it is something other
             than an earlier export or empty).
     """
-    if config.data.directions:  # its language tokens are not written for MarianTokenizer yet
-        raise ExportError(f"a multilingual model ({', '.join(config.data.directions)}) cannot be exported yet")
     safetensors = _safetensors()
     output_dir = Path(output_dir)
     check_replaceable(output_dir, force, is_marian_dir, "no config.json of a Marian model")
@@ -218,13 +223,21 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
         (staging / "target.spm").write_bytes(tokenizer.tgt_proto or tokenizer.src_proto)
         _write_json(staging / "vocab.json", _vocabulary(tokenizer))
         _write_json(staging / "tokenizer_config.json", {
-            "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
-            "target_lang": config.data.tgt_lang, "model_max_length": config.model.max_positions,
+            "tokenizer_class": "MarianTokenizer", **_languages_of(config),
+            "model_max_length": config.model.max_positions,
             "separate_vocabs": False, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
             "bos_token": tokenizer.id_to_piece(BOS_ID)})
 
     write_folder(output_dir, write)
     return output_dir
+
+
+def _languages_of(config: Config) -> dict[str, str]:
+    """tokenizer_config.json's source_lang and target_lang: a multilingual model's languages joined by "+" (its
+    tokens, `>>fra<<`, are pieces of vocab.json: MarianTokenizer keeps one written at the start of a source whole)."""
+    pairs = language_pairs(config.data)
+    return {"source_lang": "+".join(dict.fromkeys(src for src, _ in pairs)),
+            "target_lang": "+".join(dict.fromkeys(tgt for _, tgt in pairs))}
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -254,7 +267,7 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     raise CheckpointError(f"{folder}: a Marian folder without model.safetensors or pytorch_model.bin")
 
 
-def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config:
+def _our_config(folder: Path, marian: dict[str, Any], vocab: list[str]) -> Config:
     """Our Config for a MarianConfig; ConfigError naming the Marian field we cannot express."""
     def refuse(field: str, why: str) -> None:
         raise ConfigError(f"{folder / 'config.json'}: {field}={marian.get(field)!r}: {why}")
@@ -282,8 +295,10 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
         refuse("d_model", "the position tables differ for an odd width")
     saved = marian.get(CONFIG_KEY, {}).get("config")
     raw = json.loads(json.dumps(saved)) if saved else {
-        "data": {"src_lang": UNKNOWN_PAIR[0], "tgt_lang": UNKNOWN_PAIR[1], "path": str(folder)},
+        "data": {"src_lang": UNKNOWN_PAIR[0], "tgt_lang": UNKNOWN_PAIR[1], "path": str(folder),
+                 "directions": [f"{UNKNOWN_PAIR[0]}-{lang}" for lang in _target_languages(vocab)]},
         "decoding": {"beam_size": 4, "max_repeat": 0}}  # as transformers' generate, which has no such limit
+    vocab_size = len(vocab)
     raw["model"] = {
         "d_model": marian["d_model"], "n_heads": marian["encoder_attention_heads"], "d_ff": marian["encoder_ffn_dim"],
         "n_encoder_layers": marian["encoder_layers"], "n_decoder_layers": marian["decoder_layers"],
@@ -292,6 +307,13 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab_size: int) -> Config
         "tie_embeddings": marian.get("tie_word_embeddings", True), "share_all_embeddings": True, "output_bias": True}
     raw["data"].update(vocab_size=vocab_size, joint_vocab=True)
     return config_from_dict(raw, vocab_sizes=(vocab_size, vocab_size))
+
+
+def _target_languages(vocab: list[str]) -> list[str]:
+    """The languages of a multi-target OPUS-MT vocabulary (two or more `>>fra<<`-style pieces), in vocabulary order;
+    none for a vocabulary with one such piece or none (a model that translates into one language)."""
+    languages = [lang for lang in map(token_language, vocab) if lang is not None and lang != UNKNOWN_PAIR[0]]
+    return languages if len(languages) > 1 else []
 
 
 def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str], list[int]]:
@@ -348,7 +370,7 @@ def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> t
             raise CheckpointError(f"{folder}: a Marian folder without {name} (the tokenizer files, as "
                                   "MarianTokenizer.save_pretrained writes them)")
     vocab, rows = _import_vocabulary(folder, marian)
-    config = _our_config(folder, marian, len(vocab))
+    config = _our_config(folder, marian, vocab)
     src = (folder / "source.spm").read_bytes()
     tgt = (folder / "target.spm").read_bytes() if (folder / "target.spm").is_file() else src
     try:

@@ -15,6 +15,7 @@ vocabulary cannot represent is copied into the output once, unchanged (`passthro
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,15 +131,17 @@ class Translator:
         (`config/languages.py`, Johnson et al. 2017); nothing for a bilingual model.
 
         Raises:
-            ConfigError (key decoding.tgt_lang): a multilingual model without tgt_lang or with one it lacks, or a
-                bilingual model with another language than its data.tgt_lang; the message lists the model's
-                languages.
+            ConfigError (key decoding.tgt_lang): a multilingual model without tgt_lang (unless it translates into
+                one language only: then that one) or with one it lacks, or a bilingual model with another language
+                than its data.tgt_lang; the message lists the model's languages.
         """
         data, detail = self.config.data, None
         if not data.directions:
             if tgt_lang is not None and tgt_lang != data.tgt_lang:
                 detail = (f"this model translates {data.src_lang}->{data.tgt_lang} only; tgt_lang {tgt_lang!r} is "
                           f"not its language (give {data.tgt_lang} or leave it out)")
+        elif tgt_lang is None and len(self.languages) == 1:  # one direction (a fine-tuned multilingual model)
+            tgt_lang = self.languages[0]
         elif tgt_lang is None:
             detail = (f"this model translates into {len(self.languages)} languages: give the one to translate into, "
                       f"one of {', '.join(self.languages)}")
@@ -213,7 +216,8 @@ class Translator:
             self.stats.finished = [[h.finished for _, h in out] for out in outputs]
             return [[(text, h.score) for text, h in out] for out in outputs]
 
-        align = self.align if self.engine.attention_model is not None else None  # else: relative positions
+        align = (functools.partial(self.align, tgt_lang=options.tgt_lang)
+                 if self.engine.attention_model is not None else None)  # else: relative positions
         results, n_copied = with_passthrough(self._passthrough, sentences, prefixes, translate, options.copy_unknown,
                                              align)
         self.stats.n_copied_unknown = n_copied
@@ -221,7 +225,7 @@ class Translator:
 
     @torch.no_grad()
     def align(self, sentences: list[str], translations: list[str], layer: int = -1,
-              head: Optional[int] = None) -> list[list[tuple[int, int]]]:
+              head: Optional[int] = None, tgt_lang: Optional[str] = None) -> list[list[tuple[int, int]]]:
         """Word alignments of each (sentence, translation) pair from the encoder-decoder attention of the readable
         model (`decoding/alignment.py`): the translation is tokenized and fed teacher-forced, so any target text can
         be aligned, not only our own output.
@@ -229,6 +233,8 @@ class Translator:
         Args:
             layer: the decoder layer (default: the last).
             head: one head, or None for the mean of the layer's heads.
+            tgt_lang: the language translated into (a multilingual model's sources start with its token, as when
+                translating; the token is never aligned to, and word indices count the sentence's words only).
 
         Returns:
             Per pair, sorted (source word, target word) index pairs over whitespace words (0-based).
@@ -236,7 +242,9 @@ class Translator:
         Raises:
             OptionError: an engine without attention to read (CTranslate2), a layer or head the model does not have,
                 or lists of different lengths.
+            ConfigError: tgt_lang missing for a multilingual model, or one it lacks (`source_prefix`).
         """
+        language = self.source_prefix(tgt_lang)
         model = self.engine.attention_model
         if model is None:
             raise OptionError(f"{{alignment}} reads our model's attention; a {self.engine.name} engine has none to "
@@ -250,17 +258,17 @@ class Translator:
         limit, device = model.config.max_positions, next(model.parameters()).device
         out = []
         for sentence, translation in zip(sentences, translations):
-            src_ids = source_within(self.tokenizer.src_ids([sentence.strip()])[0], limit)[0]  # as translated
+            src_ids = source_within(language + self.tokenizer.src_ids([sentence.strip()])[0], limit)[0]  # as translated
             tgt_ids = self.tokenizer.encode_tgt([translation.strip()])[0][: limit - 1]
-            if len(src_ids) < 2 or not tgt_ids:
+            if len(src_ids) < len(language) + 2 or not tgt_ids:
                 out.append([])
                 continue
             src = torch.tensor([src_ids], device=device)
             tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=device)
             _, weights = model.forward_with_attention(src, tgt_in)
-            cross = weights.cross[layer][0]  # (n_heads, tgt_len + 1, src_len)
+            cross = weights.cross[layer][0][..., len(language):]  # (n_heads, tgt_len + 1, src_len), token off
             cross = cross.mean(0) if head is None else cross[head]
-            src_pieces = [self.tokenizer.id_to_piece(i, "src") for i in src_ids[:-1]]
+            src_pieces = [self.tokenizer.id_to_piece(i, "src") for i in src_ids[len(language):-1]]
             # row k is the position that produces target piece k (its input: bos, then the pieces before it)
             out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
         return out

@@ -201,3 +201,87 @@ def test_evaluate_scores_one_direction_of_a_multilingual_model(multilingual_run,
         assert main(["evaluate", "--checkpoint", best, "--split", "test", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def _post_norm_run(run: Path, folder: Path) -> Path:
+    """The fixture's recipe as post-norm (what MarianMT expresses; the fixture is pre-norm), trained 200 updates on
+    the same data: enough to write each language's words. Returns its last.pt."""
+    overrides = ["model.norm_first=false", "training.lr_scale=0.3", "training.max_steps=200",
+                 "training.eval_every_steps=200"]
+    train(load_config(run / "config.yaml", overrides), folder)
+    return folder / "checkpoints" / "last.pt"
+
+
+def test_the_marian_export_translates_with_the_language_token_as_ours(multilingual_run, tmp_path):
+    """Plain `transformers` code with `>>b<<` at the start of the source, as for the OPUS-MT multi-target models,
+    gives our translations with tgt_lang b (all different from those into a); the folder imported back is the same
+    multilingual model."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from transformer.engines import load_model
+    from transformer.hf import export_huggingface
+
+    checkpoint = _post_norm_run(multilingual_run, tmp_path / "post_norm")
+    folder = export_huggingface(*load_model(checkpoint), tmp_path / "hf")
+    assert json.loads((folder / "tokenizer_config.json").read_text())["target_lang"] == "a+b"
+    tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+    model = transformers.MarianMTModel.from_pretrained(folder).eval()
+    ours, back = Translator.from_checkpoint(checkpoint), Translator.from_checkpoint(folder)
+    assert back.languages == ["a", "b"]
+    sources, _ = _test_set(multilingual_run)
+    outputs = {}
+    for lang in "ab":
+        batch = tokenizer([f">>{lang}<< {s}" for s in sources], return_tensors="pt", padding=True)
+        assert (batch["input_ids"][:, 0] == ours.tokenizer.token_id(f">>{lang}<<")).all()
+        with torch.no_grad():
+            generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=12)
+        outputs[lang] = ours.translate(sources, tgt_lang=lang, beam_size=1, max_len_a=0.0, max_len_b=12, max_repeat=0)
+        assert tokenizer.batch_decode(generated[:, 1:], skip_special_tokens=True) == outputs[lang], lang
+        assert back.translate(sources, tgt_lang=lang) == ours.translate(sources, tgt_lang=lang)
+    assert sum(a != b for a, b in zip(outputs["a"], outputs["b"])) == len(sources)  # the token reaches the encoder
+
+
+def test_alignments_read_the_attention_of_the_source_as_translated(multilingual_run):
+    """The token starts the source the attention is read from (as when translating) and is never aligned to: word
+    indices count the sentence's own words. A copy model's alignment is the diagonal."""
+    from transformer.decoding.alignment import align_words
+
+    translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
+    source, target = "ka ke ki ko", "pa pe pi po"
+    assert translator.translate([source], tgt_lang="b") == [target]
+    data = attention_for(translator, source, translator.decoding_options(tgt_lang="b", beam_size=1, n_best=1))
+    cross = torch.tensor(data["cross"][-1]).mean(0)[:, 1:]  # last layer, heads averaged, the token's column off
+    expected = align_words(cross, data["src_pieces"][1:-1], data["tgt_out_pieces"][:-1])
+    assert translator.align([source], [target], tgt_lang="b") == [expected]
+    assert expected == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    with pytest.raises(ConfigError, match="one of a, b"):
+        translator.align([source], [target])
+
+
+def test_fine_tuning_a_multilingual_model_keeps_its_language_tokens(multilingual_run, tmp_path, capsys):
+    """--init-from onto one direction: the run reuses the source's vocabulary, its sources keep their token, and
+    the fine-tuned model still takes tgt_lang. A bilingual config, or a target language without a token, is
+    refused in one line."""
+    best = str(multilingual_run / "checkpoints" / "best.pt")
+    raw = yaml.safe_load((multilingual_run.parent / "config.yaml").read_text())
+    raw["training"].update(max_steps=20, eval_every_steps=20, warmup_steps=10, lr_scale=0.05)
+
+    def run(name: str, **data) -> int:
+        config = json.loads(json.dumps(raw))
+        config["data"].update(data)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        return main(["train", "--config", str(tmp_path / f"{name}.yaml"), "--run-dir", str(tmp_path / name),
+                     "--init-from", best])
+
+    assert run("one", directions=["x-b"]) == 0
+    capsys.readouterr()
+    source, tuned = Translator.from_checkpoint(best), Translator.from_checkpoint(tmp_path / "one/checkpoints/last.pt")
+    assert tuned.tokenizer.digest() == source.tokenizer.digest() and tuned.languages == ["b"]
+    assert tuned.source_prefix("b") == source.source_prefix("b")
+    assert tuned.translate(["ka ke ki"], tgt_lang="b") == tuned.translate(["ka ke ki"]) == ["pa pe pi"]  # its one
+    refusals = {"bilingual": (dict(directions=[], src_lang="x", tgt_lang="b"), ["data.directions", "[x-b]"]),
+                "new": (dict(directions=["x-a", "x-c"]), ["data.directions", ">>c<<", "a, b"])}
+    for name, (data, words) in refusals.items():
+        assert run(name, **data) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(w in err[0] for w in words), err

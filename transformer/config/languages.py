@@ -29,6 +29,8 @@ OPUS_CODES = {
 three-letter code already, or one such as Chinese and Norwegian, where OPUS-MT names scripts or variants:
 `>>cmn_Hans<<`, `>>nob<<`) are used as given."""
 
+_ISO_639_1 = {three: two for two, three in OPUS_CODES.items()}
+
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -40,6 +42,14 @@ def language_token(code: str) -> str:
     2017, §3) and is one piece of the model's vocabulary.
     """
     return f">>{OPUS_CODES.get(code, code)}<<"
+
+
+def token_language(piece: str) -> Optional[str]:
+    """The language code of a target-language token, the inverse of `language_token`: `>>fra<<` -> fr,
+    `>>cmn_Hans<<` -> cmn_Hans; None for any other piece (also `>>fr<<`, which `language_token` never writes)."""
+    code = piece[2:-2] if piece.startswith(">>") and piece.endswith("<<") else ""
+    code = _ISO_639_1.get(code, code)
+    return code if _CODE.fullmatch(code) and language_token(code) == piece else None
 
 
 def parse_direction(direction: str) -> tuple[str, str]:
@@ -84,6 +94,11 @@ def check_directions(data: Any) -> None:
 def language_pairs(data: Any) -> list[tuple[str, str]]:
     """The (source, target) languages the run trains on: each of data.directions, or (src_lang, tgt_lang)."""
     return [parse_direction(d) for d in data.directions] or [(data.src_lang, data.tgt_lang)]
+
+
+def describe(data: Any) -> str:
+    """The directions of a data section as messages name them: "de->en", or "de->en, fr->en" for a multilingual run."""
+    return ", ".join(f"{src}->{tgt}" for src, tgt in language_pairs(data))
 
 
 def target_languages(data: Any) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 
 from ..checkpoint import load_for_inference
 from ..config import Config, OptionError
+from ..config.languages import describe
 from ..ct2 import METADATA, is_ctranslate2_dir
 from ..device import resolve_device
 from ..files import CheckpointError
@@ -106,5 +107,5 @@ def _check_ensemble(paths: list[str | Path], loaded: list[tuple[Config, Transfor
         pairs = {(config.data.src_lang, config.data.tgt_lang, *config.data.directions),
                  (data.src_lang, data.tgt_lang, *data.directions)}
         if len(pairs) > 1 and UNKNOWN_PAIR not in pairs:
-            raise OptionError(f"an ensemble translates one language pair: {paths[0]} is {data.src_lang}->"
-                              f"{data.tgt_lang}, {path} {config.data.src_lang}->{config.data.tgt_lang}")
+            raise OptionError(f"an ensemble translates the same directions with each model: {paths[0]} translates "
+                              f"{describe(data)}, {path} {describe(config.data)}")

@@ -14,6 +14,7 @@ only asyncio (`batching.py`): it and its tests run without FastAPI or pydantic i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -139,7 +140,8 @@ class TranslationService:
         response: dict[str, Any] = {"translations": [result.n_best[0][0] for result in results],
                                     "truncated": truncated, "beam_size": decoding.beam_size}
         if alignment:
-            pairs = await self.batcher.run_on_worker(self.translator.align, sentences, response["translations"])
+            align = functools.partial(self.translator.align, tgt_lang=decoding.tgt_lang)
+            pairs = await self.batcher.run_on_worker(align, sentences, response["translations"])
             response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
         if options.get("n_best") is not None:
             response["n_best"] = [[{"text": text, "score": score} for text, score in result.n_best]

@@ -27,8 +27,9 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..config import Config, ConfigError, TransformerConfig, config_from_dict
+from ..config.languages import language_token, target_languages
 from ..engines import load_model
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, TokenizerError
 
 FREE_MODEL_KEYS = ("dropout", "attention_dropout", "max_positions")
 """Model keys a fine-tuning run may set differently from its source (they change no weight)."""
@@ -131,9 +132,36 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
         training[key] = value
     model = source.config.model
     try:
-        return config_from_dict(raw, vocab_sizes=(model.src_vocab_size, model.tgt_vocab_size))
+        config = config_from_dict(raw, vocab_sizes=(model.src_vocab_size, model.tgt_vocab_size))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
+    _check_languages(config, source, where)
+    return config
+
+
+def _check_languages(config: Config, source: InitSource, where: str) -> None:
+    """A multilingual source fine-tuned on one direction or a new mix keeps its language tokens: the run must list
+    data.directions (not src_lang/tgt_lang alone, which would train without the token), and each target language
+    needs its token in the source's vocabulary (a new one is not added: the weights have no row for it).
+
+    Raises:
+        ConfigError (data.directions): either refusal, naming the source's languages.
+    """
+    theirs = source.config.data.directions
+    if theirs and not config.data.directions:
+        raise ConfigError(f"{where}: --init-from {source.path} is a multilingual model ({', '.join(theirs)}): set "
+                          f"data.directions (e.g. [{config.data.src_lang}-{config.data.tgt_lang}]) so that its "
+                          "sources keep their target-language token", key="data.directions")
+    if source.tokenizer is None:  # --resume: the run's own checkpoint was checked when it started
+        return
+    for tgt in target_languages(config.data) if config.data.directions else []:
+        try:
+            source.tokenizer.token_id(language_token(tgt))
+        except TokenizerError:
+            have = ", ".join(target_languages(source.config.data)) if theirs else "none (a bilingual model)"
+            raise ConfigError(f"{where}: data.directions: --init-from {source.path} has no {language_token(tgt)} "
+                              f"token in its vocabulary, so it cannot learn to translate into {tgt}; its target "
+                              f"languages: {have}", key="data.directions") from None
 
 
 def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, init_from: Optional[str],
