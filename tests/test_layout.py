@@ -1,5 +1,5 @@
-"""The layout the README promises: each module imports only from modules above it in `ORDER` (the README's "Where
-things are" table), the inference path stands without the training package, private PyTorch APIs (modules,
+"""The layout docs/layout.md describes: each module imports only from modules above it in `ORDER` (its table), the
+inference path stands without the training package, private PyTorch APIs (modules,
 functions and attributes) stay in `transformer/fast/`, modules stay small, and the training loop is the first thing
 `trainer.py` defines."""
 
@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
 ROOT = PACKAGE.parent
-# The dependency order, top to bottom (the README's table follows it); a package's __init__ comes after its modules.
+# The dependency order, top to bottom (docs/layout.md's table follows it); a package's __init__ comes after its modules.
 ORDER = [
     "lazy_imports", "config.errors", "config.languages", "config.sections", "config.loading", "config", "device",
     "model.attention", "model.layers", "model.transformer", "model",
