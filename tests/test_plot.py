@@ -52,3 +52,27 @@ def test_the_cli_writes_beside_the_run_and_refuses_what_it_cannot_read(tmp_path,
     (run / "metrics.jsonl").write_text('{"type": "train", "step": 1, "loss": 2.0}\nnot json\n')
     with pytest.raises(PlotError, match=r"metrics.jsonl:2: not a metrics record"):
         read_curves(run)
+
+
+def test_drawing_keeps_the_callers_matplotlib_backend(tmp_path):
+    """A notebook draws inline: writing a picture must not switch matplotlib's backend (as `matplotlib.use("Agg")`
+    would) nor leave pyplot figures open. In a fresh process, so that no other test's backend is touched."""
+    import subprocess
+    import sys
+
+    _run(tmp_path / "a")
+    code = (
+        "import matplotlib, sys; matplotlib.use('pdf'); import matplotlib.pyplot as plt\n"
+        "from transformer.plot import plot_runs\n"
+        f"plot_runs([{str(tmp_path / 'a')!r}], {str(tmp_path / 'c.png')!r})\n"
+        "from pathlib import Path; from transformer.attention_plot import save_plot\n"
+        "row = lambda n, k: [[1.0 / k] * k for _ in range(n)]\n"
+        "data = {'src_pieces': ['a', 'b', '</s>'], 'tgt_in_pieces': ['<s>', 'x'], 'tgt_out_pieces': ['x', '</s>'],\n"
+        "        'translation': 'x', 'cross': [[row(2, 3)] * 2], 'encoder_self': [[row(3, 3)] * 2],\n"
+        "        'decoder_self': [[row(2, 2)] * 2]}\n"
+        f"save_plot(data, Path({str(tmp_path / 'a.png')!r}), -1, None, ('cross', 'encoder_self', 'decoder_self'))\n"
+        "print(matplotlib.get_backend(), len(plt.get_fignums()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["pdf", "0"]
+    assert all((tmp_path / name).read_bytes().startswith(b"\x89PNG") for name in ("a.png", "c.png"))

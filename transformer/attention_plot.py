@@ -125,17 +125,14 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
         AttentionPlotError: if matplotlib is not installed, or layer/head is out of range.
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: the caller's backend (a notebook's inline one) is kept
     except ImportError:
         raise AttentionPlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' "
                                  "(or pip install matplotlib), or use --format json") from None
     n_heads = len(data["cross"][0])
     columns = [head] if head is not None else list(range(n_heads)) + ["mean"]
-    fig, axes = plt.subplots(len(kinds), len(columns), squeeze=False,
-                             figsize=(2.8 * len(columns) + 1, 2.9 * len(kinds) + 0.5))
+    fig = Figure(figsize=(2.8 * len(columns) + 1, 2.9 * len(kinds) + 0.5))
+    axes = fig.subplots(len(kinds), len(columns), squeeze=False)
     for r, kind in enumerate(kinds):
         rows, cols = _labels(data, kind)
         n_layers = len(data[kind])
@@ -155,7 +152,6 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
-    plt.close(fig)
 
 
 def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optional[int] = None,

@@ -68,10 +68,7 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
         raise PlotError("{out}: the suffix must be .png, .svg or .pdf", out=str(out))
     runs = [(str(run_dir), read_curves(run_dir)) for run_dir in run_dirs]
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: the caller's backend (a notebook's inline one) is kept
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' (or pip install "
                         "matplotlib)") from None
@@ -79,7 +76,8 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
              if any(curves[series] for _, curves in runs for series, _, _ in lines)]
     if not shown:
         raise PlotError(f"{', '.join(run_dirs)}: metrics.jsonl holds no records yet")
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.4), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(shown), 3.4))
+    axes = fig.subplots(1, len(shown), squeeze=False)
     for i, (name, curves) in enumerate(runs):
         colour = f"C{i % 10}"
         label = Path(name).name or name
@@ -98,5 +96,4 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out
