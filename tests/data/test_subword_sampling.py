@@ -161,6 +161,12 @@ def test_sampled_epochs_build_ahead_and_remove_what_is_done(corpus, bpe, tmp_pat
         while not (sample_folder(run_dir, 3) / "meta.json").exists() and time.time() < deadline:
             time.sleep(0.2)  # epoch 3 is built ahead, in the background
         assert (sample_folder(run_dir, 3) / "meta.json").exists()
+        process = epochs._workers[3]
+        while process.returncode is None and time.time() < deadline:
+            time.sleep(0.05)  # nobody waits for it until epoch 3 starts: its watcher thread reaps it (no zombie)
+        assert process.returncode == 0
+        with pytest.raises(ChildProcessError):
+            os.waitpid(process.pid, os.WNOHANG)  # already reaped
     finally:
         epochs.close()
     # A process that does not build (another rank on this machine) reads what the builder wrote.

@@ -144,6 +144,23 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     assert TranslationService(translator).health()["languages"] == {"tgt_langs": ["en"], "directions": []}
 
 
+def test_a_bilingual_run_carries_no_language_token(trained_run, monkeypatch):
+    """Bilingual runs are as before the multilingual code: the token cache's key is made of the same fields (no
+    src_prefix, so caches built before are found again), and the engine gets exactly the tokenizer's ids."""
+    config = load_config(trained_run / "config.yaml")
+    translator = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    cache = get_token_cache(config.data, config.data.train_split, translator.tokenizer)
+    assert set(cache.spec) == {"format", "corpus", "tokenizer_sha256", "max_len", "src_lang", "tgt_lang"}
+    assert translator.source_prefix(None) == translator.source_prefix("en") == []
+    seen = []
+    decode_ids = translator.decode_ids
+    monkeypatch.setattr(translator, "decode_ids", lambda src_ids, *a, **k: seen.extend(src_ids) or
+                        decode_ids(src_ids, *a, **k))
+    sentences = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball."]
+    translator.translate(sentences)
+    assert seen == translator.tokenizer.encode_src(sentences)
+
+
 def test_an_interrupted_multilingual_run_resumes_exactly(multilingual_run, tmp_path, monkeypatch):
     """With subword sampling per direction and an epoch boundary after the interruption (an epoch is about 75
     batches here): the same mixed epochs, batches and weights as an uninterrupted run."""

@@ -47,6 +47,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -387,7 +388,8 @@ class SampledEpochs:
             pickle.dump(args, f)
         os.replace(tmp, job)
         command, env = _worker_command(job)
-        self._workers[epoch] = subprocess.Popen(command, env=env)
+        self._workers[epoch] = process = subprocess.Popen(command, env=env)
+        threading.Thread(target=process.wait, daemon=True).start()  # reaped when it ends, not when its epoch starts
 
     def _remove_before(self, epoch: int) -> None:
         root = self.run_dir / SAMPLES_FOLDER / self.name
