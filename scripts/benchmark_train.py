@@ -51,7 +51,7 @@ from transformer.config import Config, load_config
 from transformer.device import resolve_precision, reuse_freed_memory
 from transformer.fast.dropout import use_fast_cpu_dropout
 from transformer.model import Transformer
-from transformer.training.data import epoch_batches, prepare_data
+from transformer.training.data import epoch_batches, prepare_data, training_epochs
 from transformer.training.loss import LossComputation
 from transformer.training.optim import build_optimizer, learning_rate, set_lr
 from transformer.training.trainer import train_step
@@ -109,7 +109,9 @@ def main() -> None:
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, precision=precision))
     torch.manual_seed(config.training.seed)
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="bench_train_"))
-    _, train, _ = prepare_data(config, run_dir)
+    tokenizer, train, _ = prepare_data(config, run_dir)
+    if isinstance(train, list):  # a multilingual run: one cache per direction, mixed as epoch 0 of training mixes them
+        train = training_epochs(config, run_dir, tokenizer, train).epoch(0)
     model = Transformer(config.model)
     use_fast_cpu_dropout(model)  # as `transformer train` on the CPU (training/trainer.py)
     optimizer = build_optimizer(model, config.training, torch.device("cpu"))
