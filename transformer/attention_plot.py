@@ -85,6 +85,7 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
     tokenizer = translator.tokenizer
     options = options or attention_options(translator)
     language = translator.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
+    sentence = translator.without_language_token([sentence], options.tgt_lang)[0]  # none written in the text
     src_ids, truncated = source_within(language + tokenizer.src_ids([sentence.strip()])[0],
                                        translator.engine.max_source_len)
     hyp = translator.decode_ids([src_ids], options)[0][0]

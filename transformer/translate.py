@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from .config import BOS_ID, EOS_ID, ConfigError, DecodingConfig, OptionError
-from .config.languages import language_token, target_languages
+from .config.languages import language_token, target_languages, token_language
 from .decoding import Hypothesis
 from .decoding.alignment import align_words
 from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
@@ -33,6 +34,9 @@ from .engines import Engine, SourceBatch, open_engine
 from .passthrough import PassThrough, with_passthrough
 
 logger = logging.getLogger(__name__)
+
+_WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
+"""A target-language token written at the start of a sentence (`Translator.without_language_token`)."""
 
 def source_within(ids: list[int], max_source_len: int) -> tuple[list[int], bool]:
     """Source ids (without eos) as an engine takes them: eos appended, and cut to their start when longer than
@@ -135,6 +139,12 @@ class Translator:
                 one language only: then that one) or with one it lacks, or a bilingual model with another language
                 than its data.tgt_lang; the message lists the model's languages.
         """
+        tgt_lang = self._target_language(tgt_lang)
+        return [self.tokenizer.token_id(language_token(tgt_lang))] if self.config.data.directions else []
+
+    def _target_language(self, tgt_lang: Optional[str]) -> Optional[str]:
+        """tgt_lang checked against the model's languages (None: a one-language multilingual model's), as
+        `source_prefix` describes."""
         data, detail = self.config.data, None
         if not data.directions:
             if tgt_lang is not None and tgt_lang != data.tgt_lang:
@@ -149,7 +159,29 @@ class Translator:
             detail = f"this model translates into {', '.join(self.languages)}, not {tgt_lang!r}"
         if detail is not None:
             raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
-        return [self.tokenizer.token_id(language_token(tgt_lang))] if data.directions else []
+        return tgt_lang
+
+    def without_language_token(self, sentences: list[str], tgt_lang: Optional[str]) -> list[str]:
+        """A multilingual model's sentences without a target-language token written at their start (`>>fra<<
+        text`, as OPUS-MT's multi-target models are given their language): the token of `tgt_lang` is removed (the
+        translation puts it at id level, once); a bilingual model's sentences are returned as they are.
+
+        Raises:
+            ConfigError (key decoding.tgt_lang): a sentence starts with the token of another language than
+                tgt_lang, or tgt_lang is missing or one the model lacks (`source_prefix`).
+        """
+        if not self.config.data.directions:
+            return sentences
+        tgt_lang, out = self._target_language(tgt_lang), []
+        for sentence in sentences:
+            written = _WRITTEN_TOKEN.match(sentence)
+            if written and token_language(written.group(1)) != tgt_lang:
+                detail = (f"a sentence starts with {written.group(1)} but the target language is {tgt_lang} "
+                          f"({sentence[:40].strip()!r}): the language is given by tgt_lang (--tgt-lang), and a "
+                          f"token written at the start of a sentence must name the same one")
+                raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
+            out.append(sentence[written.end():] if written else sentence)
+        return out
 
     def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
                   **options: Any) -> list[str]:
@@ -199,6 +231,7 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(sentences):
             raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
         forced = self.prefix_ids(prefixes)
+        sentences = self.without_language_token(sentences, options.tgt_lang)
         searched, distinct = n_best_search(options)
         language = self.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
 
@@ -245,6 +278,7 @@ class Translator:
             ConfigError: tgt_lang missing for a multilingual model, or one it lacks (`source_prefix`).
         """
         language = self.source_prefix(tgt_lang)
+        sentences = self.without_language_token(sentences, tgt_lang)
         model = self.engine.attention_model
         if model is None:
             raise OptionError(f"{{alignment}} reads our model's attention; a {self.engine.name} engine has none to "

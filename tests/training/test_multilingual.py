@@ -2,6 +2,7 @@
 its source into two "languages" with distinct words, told apart only by the target-language token at the start of
 the source; then translation with tgt_lang, its refusals, per-direction validation, /health and attention."""
 
+import asyncio
 import gzip
 import json
 import random
@@ -18,7 +19,7 @@ from transformer.cli import main
 from transformer.config import ConfigError, load_config
 from transformer.config.languages import for_direction
 from transformer.data import get_token_cache
-from transformer.serve.service import TranslationService
+from transformer.serve.service import RequestError, TranslationService
 from transformer.training.trainer import TrainingInterrupted, train
 
 from .test_resume import interrupt_after
@@ -111,6 +112,34 @@ def test_a_multilingual_model_needs_one_of_its_languages(multilingual_run, capsy
     assert len(error.splitlines()) == 1 and "--tgt-lang" in error and "one of a, b" in error
     assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", "ka ke ki"]) == 0
     assert capsys.readouterr().out.strip() == "pa pe pi"
+
+
+def test_a_token_written_at_the_start_of_a_sentence_is_read_once_or_refused(multilingual_run, capsys):
+    """OPUS-MT's users write `>>fra<< text`: the written token of tgt_lang is taken out of the text, so the model
+    reads the one token it was trained with (not it twice, nor a stray piece); another language's is refused, in
+    the API, the CLI and the server (before batching, so no other request fails with it)."""
+    best = multilingual_run / "checkpoints" / "best.pt"
+    translator = Translator.from_checkpoint(best)
+    seen = []
+    decode_ids = translator.decode_ids
+    translator.decode_ids = lambda ids, *args, **kwargs: seen.append(ids) or decode_ids(ids, *args, **kwargs)
+    plain = translator.translate(["ka ke ki", "ko ku"], tgt_lang="b")
+    written = translator.translate([">>b<< ka ke ki", "  >>b<<ko ku"], tgt_lang="b")
+    assert seen[0] == seen[1] and written == plain == ["pa pe pi", "po pu"]
+    assert translator.align([">>b<< ka ke ki"], ["pa pe pi"], tgt_lang="b") == translator.align(
+        ["ka ke ki"], ["pa pe pi"], tgt_lang="b")
+    options = translator.decoding_options(tgt_lang="b", beam_size=1, n_best=1)
+    assert attention_for(translator, ">>b<< ka ke", options)["src_pieces"] == attention_for(
+        translator, "ka ke", options)["src_pieces"]
+    with pytest.raises(ConfigError, match=r"starts with >>a<< but the target language is b") as err:
+        translator.translate(["ko ku", ">>a<< ka ke"], tgt_lang="b")
+    assert err.value.key == "decoding.tgt_lang"
+    assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", ">>a<< ka ke"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    service = TranslationService(translator)
+    with pytest.raises(RequestError, match="starts with >>a<<") as refused:
+        asyncio.run(service.translate([">>a<< ka ke"], {"tgt_lang": "b"}))
+    assert refused.value.status == 422 and refused.value.field == "text"
 
 
 def test_validation_scores_each_direction_and_their_mean_picks_best(multilingual_run):

@@ -129,6 +129,7 @@ class TranslationService:
             self.translator.prefix_ids(prefix)
         except OptionError as err:
             raise RequestError(422, "prefix", str(err)) from None
+        self._check_written_language(sentences, decoding)
         engine = self.translator.engine
         if alignment and engine.attention_model is None:
             raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
@@ -169,6 +170,7 @@ class TranslationService:
         sentence = self._sentences([text], one=True)[0]
         given = {name: value for name, value in options.items() if value is not None}
         decoding = self._options({**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1)  # greedy by default
+        self._check_written_language([sentence], decoding)
         try:
             data = await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
         except AttentionPlotError as err:
@@ -243,6 +245,14 @@ class TranslationService:
             return self.translator.decoding_options(**values)
         except ConfigError as err:
             raise RequestError(422, err.key and err.key.removeprefix("decoding."), err.detail) from None
+
+    def _check_written_language(self, sentences: list[str], decoding: DecodingConfig) -> None:
+        """A multilingual model's sentence starting with another language's token (`>>deu<<`) than tgt_lang is
+        refused here, before batching, so that it cannot fail the requests decoded with it."""
+        try:
+            self.translator.without_language_token(sentences, decoding.tgt_lang)
+        except ConfigError as err:
+            raise RequestError(422, "text", err.detail) from None
 
     def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
         """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
