@@ -59,6 +59,7 @@ AVERAGE_LAST ?= 5
 # Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
 # config's beam search (the Multi30k recipes: beam 4, α 2.0).
 # A multilingual run (data.directions) is scored direction by direction: eval_test_CKPT_DIRECTION_{greedy,beam}.json.
+# Then RUN_DIR/scores.md: every score in one table, a row per direction (scripts/score_table.py).
 evaluate: install
 	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
 		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
@@ -70,6 +71,7 @@ evaluate: install
 		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test $$flags \
 			--json $(RUN_DIR)/eval_test_$${name}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
 	done; done
+	$(BIN)/python scripts/score_table.py $(RUN_DIR)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.

@@ -1,0 +1,46 @@
+"""scripts/score_table.py: the table `make evaluate` writes from a run's eval_test_*.json files."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from scripts.score_table import table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(folder: Path, data: dict, scores: dict[str, tuple[float, float, str | None]]) -> Path:
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    for name, (bleu, chrf, direction) in scores.items():
+        (folder / f"eval_test_{name}.json").write_text(json.dumps({"bleu": bleu, "chrf": chrf,
+                                                                    "direction": direction, "hypotheses": []}))
+    (folder / "eval_test_best_greedy.hyp.txt").write_text("not a score\n")
+    return folder
+
+
+def test_a_multilingual_run_gets_a_row_per_direction_in_config_order_and_their_mean(tmp_path):
+    run = _run(tmp_path / "run", {"directions": ["fr-en", "en-fr"]}, {
+        "best_fr-en_greedy": (30.0, 50.0, "fr-en"), "best_fr-en_beam": (31.0, 51.0, "fr-en"),
+        "best_en-fr_greedy": (20.0, 40.0, "en-fr"), "best_en-fr_beam": (21.5, 41.0, "en-fr"),
+        "avg_last5_en-fr_beam": (22.0, 42.0, "en-fr")})
+    assert table(run).splitlines() == [
+        "| direction | best greedy | best beam | avg_last5 greedy | avg_last5 beam |",
+        "|---|---|---|---|---|",
+        "| fr-en | 30.00 / 50.00 | 31.00 / 51.00 |  |  |",
+        "| en-fr | 20.00 / 40.00 | 21.50 / 41.00 |  | 22.00 / 42.00 |",
+        "| mean | 25.00 / 45.00 | 26.25 / 46.00 |  |  |"]
+
+
+def test_a_bilingual_run_gets_one_row_and_the_script_writes_scores_md(tmp_path):
+    run = _run(tmp_path / "run", {"src_lang": "de", "tgt_lang": "en"}, {
+        "best_greedy": (41.97, 60.98, None), "best_beam": (42.82, 61.68, None),
+        "avg_last5_greedy": (41.53, 60.67, None), "avg_last5_beam": (42.81, 61.64, None)})
+    out = subprocess.run([sys.executable, "scripts/score_table.py", str(run)], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.endswith("| de-en | 41.97 / 60.98 | 42.82 / 61.68 | 41.53 / 60.67 | 42.81 / 61.64 |\n")
+    assert (run / "scores.md").read_text() == out and not (run / "scores.md.partial").exists()
+    assert "mean" not in out
