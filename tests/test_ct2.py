@@ -190,10 +190,10 @@ def test_the_beam_length_normalisation_difference_is_told_once(exported, caplog)
     with caplog.at_level(logging.WARNING, logger="transformer.engines.ctranslate2"):
         theirs.translate(["Ein Hund läuft."], beam_size=1)
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=0.0)
-        assert "ranks beam hypotheses" not in caplog.text  # greedy, or no length penalty: the same search
+        assert "beam search ranks by" not in caplog.text  # greedy, or no length penalty: the same search
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
         theirs.translate(["Ein Hund läuft."], beam_size=4, length_penalty=1.0)
-    assert caplog.text.count("ranks beam hypotheses by log-probability / |Y|^1") == 1
+    assert caplog.text.count("beam search ranks by log-probability / |Y|^1") == 1
 
 
 def test_without_scores_both_engines_give_nan(exported, trained_run, multi30k_subset):

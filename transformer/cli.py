@@ -291,8 +291,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
                                 f"least {index + len(lines)}: give one prefix line (empty for none) per input line")
             chunk = []
-            results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best), prefixes=prefixes,
-                                                  **_decoding_kwargs(args))
+            try:
+                results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
+                                                      prefixes=prefixes, **_decoding_kwargs(args))
+            except ConfigError as err:  # a line starting with another language's token (>>deu<<): name the line
+                if getattr(err, "sentence", None) is None:
+                    raise
+                raise ConfigError(str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}") from None
             for i in translator.stats.truncated:
                 logger.warning("line %d has more than the model's max_positions=%d tokens: its first %d translated",
                                index + i + 1, translator.engine.max_source_len, translator.engine.max_source_len - 1)
@@ -333,7 +338,7 @@ def _check_translate_inputs(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, translate_test_set, write_results
+    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, report, translate_test_set
     from .translate import Translator
 
     if args.tokenize:
@@ -341,22 +346,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
                                             workers=args.workers, compile=args.compile)
     src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
-                                                  " ".join(args.checkpoint), args.direction)
+                                                  " ".join(args.checkpoint), args.direction, args.tgt_lang)
     _note_compile(args)
     kwargs = {**_decoding_kwargs(args), **({"tgt_lang": tgt_lang} if args.direction else {})}
     hyps = translate_test_set(translator, src, **kwargs)
-    scores = corpus_scores(hyps, refs, args.tgt_lang or tgt_lang, tokenize=args.tokenize)
     options = translator.decoding_options(**kwargs)
-    length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
-    print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
-    print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
-    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
-          + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
-    if args.json:
-        record = {**scores.to_dict(), "checkpoint": " ".join(args.checkpoint), "data": origin,
-                  "direction": args.direction, "beam_size": options.beam_size, "length_penalty": length_penalty,
-                  "quantization": args.quantization, "compile": args.compile, "workers": args.workers}
-        print(f"wrote {args.json} and {write_results(args.json, hyps, record)}")
+    tgt_lang = options.tgt_lang or tgt_lang  # as the model names it (--tgt-lang fra: fr)
+    scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
+    report(scores, hyps, options, origin, args.json, checkpoint=" ".join(args.checkpoint), data=origin,
+           direction=args.direction, tgt_lang=tgt_lang, quantization=args.quantization, compile=args.compile,
+           workers=args.workers)
     return 0
 
 
@@ -370,7 +369,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .hf import export_huggingface
 
         out = export_huggingface(config, model, tokenizer, args.output, force=args.force)
-        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer")
+        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer"
+              + (", each source starting with its target language's token (>>fra<<)" if config.data.directions else ""))
         if config.decoding.max_repeat:
             print(f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
                   "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)")
@@ -379,8 +379,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = export_ctranslate2(config, model, tokenizer, args.output, quantization=args.quantization, force=args.force,
                              origin=str(args.checkpoint))
-    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as "
-          f"`transformer translate --checkpoint {out}` or with ctranslate2.Translator")
+    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as `transformer translate --checkpoint "
+          f"{out}{' --tgt-lang LANG' if config.data.directions else ''}` or with ctranslate2.Translator")
     return 0
 
 

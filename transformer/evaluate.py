@@ -12,8 +12,8 @@ from typing import Any, Optional
 import sacrebleu
 from tqdm import tqdm
 
-from .config import Config, ConfigError, OptionError, override_config
-from .config.languages import for_direction
+from .config import Config, ConfigError, DecodingConfig, OptionError, override_config
+from .config.languages import find_language, for_direction
 from .data import DataError, load_split, read_lines
 from .files import write_file
 from .translate import Translator
@@ -125,8 +125,8 @@ def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]]
 
 
 def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str], ref_paths: Optional[list[str]],
-                    overrides: list[str], checkpoint: str, direction: Optional[str] = None
-                    ) -> tuple[list[str], list[list[str]], str, str]:
+                    overrides: list[str], checkpoint: str, direction: Optional[str] = None,
+                    tgt_lang: Optional[str] = None) -> tuple[list[str], list[list[str]], str, str]:
     """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
     the target language, and where they came from. Either a split of the checkpoint's data section (with `--set
     data.KEY=VALUE` overrides; of a multilingual model, the split of one of its `direction`s) or --src and --ref
@@ -134,7 +134,8 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
 
     Raises:
         ConfigError: both or neither given, overrides without a split, a multilingual model's split without one of
-            its directions (or a direction given for a bilingual model).
+            its directions (or a direction given for a bilingual model, or with --src/--ref), a `tgt_lang` (the
+            --tgt-lang flag) that is not the direction's target language.
         DataError: unreadable or misaligned files.
     """
     if split:
@@ -149,6 +150,9 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
             raise ConfigError(f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
                               f"translates {data.src_lang}-{data.tgt_lang} only")
         data = for_direction(data, direction) if direction else data
+        if direction and tgt_lang is not None and find_language(tgt_lang, [data.tgt_lang]) is None:
+            raise ConfigError(f"evaluate: --tgt-lang {tgt_lang} and --direction {direction} name two target "
+                              f"languages; give one of them")
         name = {"test": data.test_split, "valid": data.valid_split}.get(split, split)
         corpus = load_split(data, name)
         return corpus.src, [corpus.tgt], data.tgt_lang, corpus.origin
@@ -156,6 +160,9 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
         raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
     if not (src_path and ref_paths):
         raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
+    if direction:
+        raise ConfigError(f"evaluate: --direction {direction} picks the split of one direction (with --split); with "
+                          f"--src/--ref give the language to translate into with --tgt-lang")
     src = read_lines(src_path)
     refs = []
     for path in ref_paths:
@@ -184,3 +191,18 @@ def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str
         except OSError as err:
             raise DataError(f"--json: cannot write {path}: {err.strerror or err}") from None
     return hyp_path
+
+
+def report(scores: Scores, hypotheses: list[str], options: DecodingConfig, origin: str, json_path: Optional[str],
+           **record: Any) -> None:
+    """Print what `transformer evaluate` measured (BLEU and chrF with their signatures, the sentences and the
+    search); with `json_path`, also write the hypotheses and a JSON of the scores, `record` (checkpoint, data,
+    direction, tgt_lang, the engine's options) and the search (`write_results`)."""
+    length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
+    print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
+    print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
+    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
+          + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
+    if json_path:
+        record = {**scores.to_dict(), **record, "beam_size": options.beam_size, "length_penalty": length_penalty}
+        print(f"wrote {json_path} and {write_results(json_path, hypotheses, record)}")

@@ -15,6 +15,7 @@ vocabulary cannot represent is copied into the output once, unchanged (`passthro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -26,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from .config import BOS_ID, EOS_ID, ConfigError, DecodingConfig, OptionError
-from .config.languages import language_token, target_languages, token_language
+from .config.languages import find_language, language_token, target_languages, token_language
 from .decoding import Hypothesis
 from .decoding.alignment import align_words
 from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
@@ -122,8 +123,8 @@ class Translator:
                 tgt_lang the model cannot translate into (`source_prefix`).
         """
         options = decoding_options(self.config.decoding, **overrides)
-        self.source_prefix(options.tgt_lang)  # a target language the model lacks (or none for several) is refused
-        return options
+        tgt_lang = self._target_language(options.tgt_lang)  # one the model lacks (or none for several) is refused
+        return options if options.tgt_lang is None else dataclasses.replace(options, tgt_lang=tgt_lang)
 
     @property
     def languages(self) -> list[str]:
@@ -146,6 +147,7 @@ class Translator:
         """tgt_lang checked against the model's languages (None: a one-language multilingual model's), as
         `source_prefix` describes."""
         data, detail = self.config.data, None
+        tgt_lang = find_language(tgt_lang, self.languages) or tgt_lang if tgt_lang is not None else None  # fra: fr
         if not data.directions:
             if tgt_lang is not None and tgt_lang != data.tgt_lang:
                 detail = (f"this model translates {data.src_lang}->{data.tgt_lang} only; tgt_lang {tgt_lang!r} is "
@@ -168,18 +170,21 @@ class Translator:
 
         Raises:
             ConfigError (key decoding.tgt_lang): a sentence starts with the token of another language than
-                tgt_lang, or tgt_lang is missing or one the model lacks (`source_prefix`).
+                tgt_lang (its index in `sentences` as the error's `sentence`), or tgt_lang is missing or one the
+                model lacks (`source_prefix`).
         """
         if not self.config.data.directions:
             return sentences
         tgt_lang, out = self._target_language(tgt_lang), []
-        for sentence in sentences:
+        for i, sentence in enumerate(sentences):
             written = _WRITTEN_TOKEN.match(sentence)
             if written and token_language(written.group(1)) != tgt_lang:
                 detail = (f"a sentence starts with {written.group(1)} but the target language is {tgt_lang} "
-                          f"({sentence[:40].strip()!r}): the language is given by tgt_lang (--tgt-lang), and a "
-                          f"token written at the start of a sentence must name the same one")
-                raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
+                          f"({sentence[:40].strip()!r}): the language is given by tgt_lang, and a token written at "
+                          f"the start of a sentence must name the same one")
+                error = ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
+                error.sentence = i
+                raise error
             out.append(sentence[written.end():] if written else sentence)
         return out
 

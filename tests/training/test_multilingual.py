@@ -134,12 +134,52 @@ def test_a_token_written_at_the_start_of_a_sentence_is_read_once_or_refused(mult
     with pytest.raises(ConfigError, match=r"starts with >>a<< but the target language is b") as err:
         translator.translate(["ko ku", ">>a<< ka ke"], tgt_lang="b")
     assert err.value.key == "decoding.tgt_lang"
-    assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", ">>a<< ka ke"]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", "ko ku", ">>a<< ka ke"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--tgt-lang: input line 2: a sentence starts with >>a<<" in error[0], error
     service = TranslationService(translator)
     with pytest.raises(RequestError, match="starts with >>a<<") as refused:
-        asyncio.run(service.translate([">>a<< ka ke"], {"tgt_lang": "b"}))
-    assert refused.value.status == 422 and refused.value.field == "text"
+        asyncio.run(service.translate(["ko ku", ">>a<< ka ke"], {"tgt_lang": "b"}))
+    assert refused.value.status == 422 and refused.value.field == "text[1]"
+
+
+def test_the_explorer_page_translates_into_the_language_chosen(multilingual_run, tmp_path):
+    """`transformer serve` of a multilingual model in Chromium: the page offers the model's target languages and
+    sends the one chosen with both requests (without it every request would be refused)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from ..test_serve_live import _chromium, _start
+
+    chromium = _chromium()
+    process, url = _start(multilingual_run, tmp_path / "server.log")
+    try:
+        health = httpx.get(url + "/health", timeout=60).json()
+        assert health["vocabulary"]["tgt_lang"] is None and health["languages"]["tgt_langs"] == ["a", "b"]
+        expected = {lang: httpx.post(url + "/translate", json={"text": ["ka ke ki"], "tgt_lang": lang},
+                                     timeout=60).json()["translations"][0] for lang in "ab"}
+        assert expected["a"] != expected["b"]
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(url + "/")
+                page.wait_for_function("document.getElementById('model-info').textContent.includes('x → a, b')")
+                assert page.eval_on_selector_all("#tgt-lang-select option", "o => o.map(x => x.value)") == ["a", "b"]
+                page.fill("#source", "ka ke ki")
+                for lang in "ba":
+                    page.select_option("#tgt-lang-select", lang)
+                    page.click("#translate")
+                    page.wait_for_function("t => document.querySelector('#translations li')?.textContent.trim() === t",
+                                           arg=expected[lang])
+                    page.wait_for_function("t => document.querySelector('#key-pieces .piece')?.textContent === t",
+                                           arg=f">>{lang}<<")  # the attention of the source as translated
+                    assert page.inner_text("#tgt-lang") == lang and page.is_hidden("#error")
+            finally:
+                browser.close()
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def test_validation_scores_each_direction_and_their_mean_picks_best(multilingual_run):
@@ -238,15 +278,24 @@ def test_evaluate_scores_one_direction_of_a_multilingual_model(multilingual_run,
         out = capsys.readouterr().out
         assert f"test.{direction[-1]}.gz" in out
         record = json.loads((tmp_path / f"{direction}.json").read_text())
-        assert record["direction"] == direction and record["n_sentences"] == 50
+        assert record["direction"] == direction and record["tgt_lang"] == direction[-1] and record["n_sentences"] == 50
         hyps = (tmp_path / f"{direction}.hyp.txt").read_text().splitlines()
         assert all(set(h.split()) <= set(WORDS[direction[-1]]) for h in hyps)  # translated into that language
         scores[direction] = record["bleu"]
     assert min(scores.values()) > 50
-    for extra, words in (([], ["--direction", "x-a, x-b"]), (["--direction", "x-c"], ["not x-c"])):
+    for extra, words in (([], ["--direction", "x-a, x-b"]), (["--direction", "x-c"], ["not x-c"]),
+                         (["--direction", "x-a", "--tgt-lang", "b"], ["--tgt-lang b and --direction x-a"])):
         assert main(["evaluate", "--checkpoint", best, "--split", "test", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and all(w in err[0] for w in words), err
+    data = Path(load_config(multilingual_run / "config.yaml").data.path)
+    files = ["--src", str(data / "test.x.gz"), "--ref", str(data / "test.b.gz")]
+    assert main(["evaluate", "--checkpoint", best, *files, "--direction", "x-b"]) == 2  # it would not say the language
+    assert "with --src/--ref give the language to translate into with --tgt-lang" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", best, *files, "--tgt-lang", "B", "--beam-size", "1",
+                 "--json", str(tmp_path / "files.json")]) == 0  # B names b, as fra names fr
+    record = json.loads((tmp_path / "files.json").read_text())
+    assert record["tgt_lang"] == "b" and record["direction"] is None and record["bleu"] == scores["x-b"]
 
 
 def _post_norm_run(run: Path, folder: Path) -> Path:

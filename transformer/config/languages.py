@@ -52,6 +52,17 @@ def token_language(piece: str) -> Optional[str]:
     return code if _CODE.fullmatch(code) and language_token(code) == piece else None
 
 
+def find_language(code: str, languages: list[str]) -> Optional[str]:
+    """The one of `languages` that `code` names: itself, or the same language written as OPUS-MT's token writes it
+    or in other case (fr, fra, FR and Fra all name fr: one target-language token, compared without case); None
+    if none or several do."""
+    if code in languages:
+        return code
+    token = language_token(code.lower()).lower()
+    named = [lang for lang in languages if language_token(lang.lower()).lower() == token]
+    return named[0] if len(named) == 1 else None
+
+
 def parse_direction(direction: str) -> tuple[str, str]:
     """("de", "en") of "de-en".
 

@@ -352,7 +352,8 @@ class DecodingConfig:
     tgt_lang: Optional[str] = _option(None, "the language to translate into (a code such as fr): a multilingual "
                                       "model needs it; a bilingual one takes only its own", "LANG")
     """The target language: put as its token (`>>fra<<`) at the start of each source of a multilingual model; None
-    with one is refused, naming its languages. A bilingual model accepts None or its own data.tgt_lang."""
+    with one is refused, naming its languages. A bilingual model accepts None or its own data.tgt_lang. A code is
+    matched to the model's as their tokens are, without case: fra and FR name fr (`languages.find_language`)."""
 
     def __post_init__(self) -> None:
         _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")

@@ -96,10 +96,9 @@ class CTranslate2Engine:
         """`Engine.search` through `ctranslate2.Translator.translate_batch`, one call per batch."""
         if options.beam_size > 1 and options.length_penalty > 0 and not self._told_length_penalty:
             self._told_length_penalty = True
-            logger.warning("CTranslate2 ranks beam hypotheses by log-probability / |Y|^%g while it searches, our "
-                           "decoder by / ((5 + |Y|) / 6)^%g: its final beam is ranked as ours, but it can hold other "
-                           "hypotheses, so beam outputs can differ from the .pt checkpoint's (docs/decoding.md, "
-                           "CTranslate2 export)", options.length_penalty, options.length_penalty)
+            logger.warning("CTranslate2's beam search ranks by log-probability / |Y|^%g (ours: / ((5 + |Y|) / 6)^%g): "
+                           "some beam outputs can differ from the .pt checkpoint's (docs/decoding.md)",
+                           options.length_penalty, options.length_penalty)
         if options.sampling and batches:  # CTranslate2 seeds its threads' generators when it loads a model: reload
             ctranslate2_module().set_random_seed(options.seed)
             self.model = self._open()

@@ -180,8 +180,9 @@ class TranslationService:
         return data
 
     def health(self) -> dict[str, Any]:
-        """Model, vocabulary, languages (those a request's tgt_lang may name; a multilingual model's directions),
-        device, uptime (seconds), limits, decoding defaults and batching counts."""
+        """Model, vocabulary (src_lang and tgt_lang None for a multilingual model), languages (those a request's
+        tgt_lang may name; a multilingual model's directions), device, uptime (seconds), limits, decoding defaults
+        and batching counts."""
         engine, config, tokenizer = self.translator.engine, self.translator.config, self.translator.tokenizer
         sizes = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions", "norm_first")
         return {
@@ -189,7 +190,8 @@ class TranslationService:
             "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoint.split(" ")), "engine": engine.name,
                       **{k: getattr(config.model, k) for k in sizes}, "parameters": engine.parameters,
                       "quantization": engine.quantization, "compile": engine.compile},
-            "vocabulary": {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+            "vocabulary": {"src_lang": None if config.data.directions else config.data.src_lang,  # see languages
+                           "tgt_lang": None if config.data.directions else config.data.tgt_lang,
                            "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
                            "joint": tokenizer.is_joint},
             "languages": {"tgt_langs": self.translator.languages, "directions": list(config.data.directions)},
@@ -252,7 +254,8 @@ class TranslationService:
         try:
             self.translator.without_language_token(sentences, decoding.tgt_lang)
         except ConfigError as err:
-            raise RequestError(422, "text", err.detail) from None
+            field = "text" if len(sentences) == 1 else f"text[{getattr(err, 'sentence', 0)}]"
+            raise RequestError(422, field, err.detail) from None
 
     def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
         """`sentences`, within the limits and valid text; refused if there is nothing to translate."""

@@ -155,11 +155,11 @@ async function translate() {
   $("translate").disabled = true;
   $("status").textContent = "translating…";
   try {
-    const result = await postJSON("/translate", {text: lines, beam_size: beam, n_best: nBest});
+    const result = await postJSON("/translate", {text: lines, beam_size: beam, n_best: nBest, ...targetLanguage()});
     renderTranslations(result);
     $("status").textContent = `${result.elapsed_ms.toFixed(0)} ms`;
     try {
-      attention = await postJSON("/attention", {text: lines[0], beam_size: beam});
+      attention = await postJSON("/attention", {text: lines[0], beam_size: beam, ...targetLanguage()});
       setupControls();
       draw();
       $("explorer").hidden = false;
@@ -175,15 +175,29 @@ async function translate() {
   }
 }
 
+// A multilingual model (several directions) is told the language to translate into: the "into" choice.
+function targetLanguage() {
+  return $("tgt-lang-choice").hidden ? {} : {tgt_lang: $("tgt-lang-select").value};
+}
+
 async function describeModel() {
   try {
     const health = await (await fetch("/health")).json();
-    const m = health.model, v = health.vocabulary;
+    const m = health.model, v = health.vocabulary, directions = health.languages.directions;
     const params = m.parameters ? `${(m.parameters / 1e6).toFixed(1)}M parameters, ` : "";
-    $("model-info").textContent = `${v.src_lang} → ${v.tgt_lang} · ${m.checkpoint} · ${params}d_model ${m.d_model}, ` +
+    let src = v.src_lang, tgt = v.tgt_lang;
+    if (directions.length) {
+      src = [...new Set(directions.map((d) => d.split("-")[0]))].join(", ");
+      tgt = health.languages.tgt_langs.join(", ");
+      const select = $("tgt-lang-select");
+      health.languages.tgt_langs.forEach((lang) => select.add(new Option(lang, lang)));
+      select.addEventListener("change", () => { $("tgt-lang").textContent = select.value; });
+      $("tgt-lang-choice").hidden = false;
+    }
+    $("model-info").textContent = `${src} → ${tgt} · ${m.checkpoint} · ${params}d_model ${m.d_model}, ` +
       `${m.n_encoder_layers}+${m.n_decoder_layers} layers, ${m.n_heads} heads · ${m.engine} on ${health.device}`;
-    $("src-lang").textContent = v.src_lang;
-    $("tgt-lang").textContent = v.tgt_lang;
+    $("src-lang").textContent = src;
+    $("tgt-lang").textContent = directions.length ? $("tgt-lang-select").value : tgt;
     $("beam-size").value = health.decoding.beam_size;
     $("beam-size").max = health.limits.max_beam_size;
     $("n-best").max = health.limits.max_beam_size;

@@ -1,0 +1,31 @@
+"""transformer/config/languages.py: OPUS-MT's target-language tokens and how a user's code names a model's language."""
+
+import pytest
+
+from transformer.config import ConfigError
+from transformer.config.languages import find_language, language_token, parse_direction, token_language
+
+
+def test_tokens_are_opus_mt_names_and_read_back():
+    assert [language_token(c) for c in ("de", "en", "fr", "cs", "cmn_Hans", "x")] == [
+        ">>deu<<", ">>eng<<", ">>fra<<", ">>ces<<", ">>cmn_Hans<<", ">>x<<"]
+    assert [token_language(t) for t in (">>deu<<", ">>fra<<", ">>cmn_Hans<<", ">>fr<<", "fra", ">>a b<<")] == [
+        "de", "fr", "cmn_Hans", None, None, None]
+
+
+@pytest.mark.parametrize("code,expected", [("fr", "fr"), ("fra", "fr"), ("FR", "fr"), ("Fra", "fr"), ("ces", "cs"),
+                                           ("en", "en"), ("es", None), ("spa", None), ("f", None)])
+def test_a_code_names_the_model_language_with_the_same_token(code, expected):
+    assert find_language(code, ["en", "de", "fr", "cs"]) == expected
+
+
+def test_a_model_named_with_three_letter_codes_takes_two_letter_ones_and_ambiguity_names_none():
+    assert find_language("en", ["eng", "deu"]) == "eng" and find_language("cmn_hans", ["cmn_Hans"]) == "cmn_Hans"
+    assert find_language("fr", ["fra", "FR"]) is None  # two of the model's codes share a token: no guess
+
+
+def test_a_direction_is_two_different_codes():
+    assert parse_direction("de-en") == ("de", "en")
+    for bad in ("de", "de-de", "de-en-fr", "de_en", "-en"):
+        with pytest.raises(ConfigError, match="data.directions"):
+            parse_direction(bad)
