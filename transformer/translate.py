@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from .config import BOS_ID, EOS_ID, ConfigError, DecodingConfig, OptionError
-from .config.languages import find_language, language_token, target_languages, token_language
+from .config.languages import find_language, language_token, target_languages
 from .decoding import Hypothesis
 from .decoding.alignment import align_words
 from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 _WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
 """A target-language token written at the start of a sentence (`Translator.without_language_token`)."""
+
 
 def source_within(ids: list[int], max_source_len: int) -> tuple[list[int], bool]:
     """Source ids (without eos) as an engine takes them: eos appended, and cut to their start when longer than
@@ -178,7 +179,7 @@ class Translator:
         tgt_lang, out = self._target_language(tgt_lang), []
         for i, sentence in enumerate(sentences):
             written = _WRITTEN_TOKEN.match(sentence)
-            if written and token_language(written.group(1)) != tgt_lang:
+            if written and written.group(1) != language_token(tgt_lang):
                 detail = (f"a sentence starts with {written.group(1)} but the target language is {tgt_lang} "
                           f"({sentence[:40].strip()!r}): the language is given by tgt_lang, and a token written at "
                           f"the start of a sentence must name the same one")
