@@ -55,11 +55,15 @@ train: install
 	$(MAKE) --no-print-directory evaluate
 
 AVERAGE_LAST ?= 5
+# A multilingual run's directions never trained, scored directly and through English (scripts/multilingual_zero_shot.sh;
+# pairs whose languages the run lacks are skipped).
+ZERO_SHOT ?= de-fr fr-de
 
 # Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
 # config's beam search (the Multi30k recipes: beam 4, α 2.0).
 # A multilingual run (data.directions) is scored direction by direction: eval_test_CKPT_DIRECTION_{greedy,beam}.json.
-# Then RUN_DIR/scores.md: every score in one table, a row per direction (scripts/score_table.py).
+# A multilingual run also scores ZERO_SHOT with best.pt. Then RUN_DIR/scores.md: every score in one table, a row per
+# direction (scripts/score_table.py).
 evaluate: install
 	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
 		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
@@ -71,6 +75,7 @@ evaluate: install
 		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test $$flags \
 			--json $(RUN_DIR)/eval_test_$${name}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
 	done; done
+	BIN=$(BIN) DATA_DIR=$(DATA_DIR) scripts/multilingual_zero_shot.sh $(RUN_DIR) best "$(ZERO_SHOT)"
 	$(BIN)/python scripts/score_table.py $(RUN_DIR)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root

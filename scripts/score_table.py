@@ -4,6 +4,10 @@
 Usage:
     python scripts/score_table.py RUN_DIR          # prints the table and writes RUN_DIR/scores.md
 
+A multilingual run's zero-shot and pivot scores (`scripts/multilingual_zero_shot.sh`, RUN_DIR/zero_shot/) follow
+in a second table: a row per direction never trained ("zero-shot") and through the pivot language ("via en"),
+each cell with the share of output lines written in the target language where the script measured it.
+
 The files are `eval_test_CKPT_{greedy,beam}.json` (a bilingual run: its one direction, data.src_lang-tgt_lang of
 RUN_DIR/config.yaml) or `eval_test_CKPT_DIRECTION_{greedy,beam}.json` (a multilingual run, DIRECTION as in
 data.directions); the direction is read from the file (its "direction" field). Rows follow data.directions; a
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -68,12 +73,57 @@ def table(run_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def zero_shot_table(run_dir: Path) -> str:
+    """The Markdown table of RUN_DIR/zero_shot/{zero,pivot}_CKPT_SRC-TGT_{greedy,beam}.json; "" if there are none."""
+    folder, rows, scores, checkpoints = run_dir / "zero_shot", [], {}, []
+    shares = {}  # hypotheses file name -> {language: share of lines}
+    for path in sorted(folder.glob("languages_*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            shares[Path(record["hyp"]).name] = record["share"]
+    for path in sorted(folder.glob("*.json")):
+        rest, _, search = path.stem.rpartition("_")
+        rest, _, pair = rest.rpartition("_")
+        kind, _, checkpoint = rest.partition("_")
+        if search not in SEARCHES or kind not in ("zero", "pivot") or "-" not in pair:
+            continue
+        record = json.loads(path.read_text())
+        tgt = pair.split("-")[1]
+        share = shares.get(path.with_suffix(".hyp.txt").name, {}).get(tgt)
+        pivot = re.search(r"pivot_.*_[^_-]+-([^_-]+)_(?:greedy|beam)\.txt", record.get("data", ""))
+        label = f"{pair} zero-shot" if kind == "zero" else f"{pair} via {pivot.group(1) if pivot else 'the pivot'}"
+        if label not in rows:
+            rows.append(label)
+        if checkpoint not in checkpoints:
+            checkpoints.append(checkpoint)
+        scores[label, checkpoint, search] = (record["bleu"], record["chrf"], share, tgt)
+    if not rows:
+        return ""
+    columns = [(c, s) for c in sorted(checkpoints, key=lambda c: (c != "best", c)) for s in SEARCHES]
+    lines = ["| direction (never trained) | " + " | ".join(f"{c} {s}" for c, s in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+
+    def cell(value):
+        if value is None:
+            return ""
+        bleu, chrf, share, tgt = value
+        return f"{bleu:.2f} / {chrf:.2f}" + ("" if share is None else f" ({share:.0%} {tgt})")
+
+    for label in sorted(rows):
+        lines.append(f"| {label} | " + " | ".join(cell(scores.get((label, c, s))) for c, s in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args()
     text = (f"test split BLEU / chrF (sacreBLEU) of {args.run_dir}, from its eval_test_*.json files\n\n"
             + table(args.run_dir))
+    zero_shot = zero_shot_table(args.run_dir)
+    if zero_shot:
+        text += ("\ndirections never trained, directly and through the pivot language (zero_shot/*.json; in "
+                 "brackets the output lines in the target language)\n\n" + zero_shot)
     partial = args.run_dir / "scores.md.partial"
     partial.write_text(text)
     os.replace(partial, args.run_dir / "scores.md")

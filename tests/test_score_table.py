@@ -1,13 +1,14 @@
 """scripts/score_table.py: the table `make evaluate` writes from a run's eval_test_*.json files."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from scripts.score_table import table
+from scripts.score_table import table, zero_shot_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,3 +45,36 @@ def test_a_bilingual_run_gets_one_row_and_the_script_writes_scores_md(tmp_path):
     assert out.endswith("| de-en | 41.97 / 60.98 | 42.82 / 61.68 | 41.53 / 60.67 | 42.81 / 61.64 |\n")
     assert (run / "scores.md").read_text() == out and not (run / "scores.md.partial").exists()
     assert "mean" not in out
+
+
+def test_zero_shot_and_pivot_scores_get_their_own_table_with_the_target_language_share(tmp_path):
+    run = _run(tmp_path / "run", {"directions": ["de-en", "en-fr"]}, {"best_de-en_beam": (30.0, 50.0, "de-en")})
+    folder = run / "zero_shot"
+    folder.mkdir()
+    for name, bleu, data in (("zero_best_de-fr_beam", 3.1, "test.de.gz"),
+                             ("pivot_best_de-fr_beam", 29.35, "zero_shot/pivot_best_de-en_beam.txt"),
+                             ("pivot_best_de-fr_greedy", 27.4, "zero_shot/pivot_best_de-en_greedy.txt")):
+        (folder / f"{name}.json").write_text(json.dumps({"bleu": bleu, "chrf": 50.0, "data": f"{data} + test.fr.gz"}))
+    (folder / "languages_best.jsonl").write_text(
+        json.dumps({"hyp": str(folder / "zero_best_de-fr_beam.hyp.txt"), "share": {"fr": 0.628, "en": 0.34}}) + "\n")
+    (folder / "pivot_best_de-en_beam.txt").write_text("a pivot leg, not a score\n")
+    assert zero_shot_table(run).splitlines() == [
+        "| direction (never trained) | best greedy | best beam |", "|---|---|---|",
+        "| de-fr via en | 27.40 / 50.00 | 29.35 / 50.00 |",
+        "| de-fr zero-shot |  | 3.10 / 50.00 (63% fr) |"]
+    assert zero_shot_table(_run(tmp_path / "other", {"directions": ["de-en"]}, {})) == ""
+
+
+def test_the_zero_shot_script_skips_what_it_cannot_score_and_says_why(tmp_path):
+    run = _run(tmp_path / "run", {"directions": ["de-en", "en-fr"], "test_split": "test", "path": str(tmp_path)}, {})
+    bilingual = _run(tmp_path / "bilingual", {"src_lang": "de", "tgt_lang": "en"}, {})
+    env = {**os.environ, "BIN": str(Path(sys.executable).parent)}
+    script = ["bash", "scripts/multilingual_zero_shot.sh"]
+    said = subprocess.run([*script, str(run), "best", "de-en fr-de de-fr"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    assert said == [f"zero-shot: de-en is a trained direction of {run}: skipped",
+                    f"zero-shot: fr-de: {run} does not train fr-en and en-de: skipped",
+                    f"zero-shot: de-fr: no {tmp_path}/test.de.gz or {tmp_path}/test.fr.gz: skipped"]
+    said = subprocess.run([*script, str(bilingual)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert "not a multilingual run" in said.stdout and not (bilingual / "zero_shot").exists()
+    assert not (run / "zero_shot").exists()
