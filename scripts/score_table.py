@@ -51,8 +51,12 @@ def read_scores(run_dir: Path) -> tuple[list[str], list[str], dict[tuple[str, st
         if checkpoint not in checkpoints:
             checkpoints.append(checkpoint)
         scores[direction, checkpoint, search] = (record["bleu"], record["chrf"])
-    order = {"best": 0}  # best.pt first, then the others by name
-    return directions, sorted(checkpoints, key=lambda c: (order.get(c, 1), c)), scores
+    return directions, _in_order(checkpoints), scores
+
+
+def _in_order(checkpoints: list[str]) -> list[str]:
+    """best.pt's name first, then the others by name."""
+    return sorted(checkpoints, key=lambda c: (c != "best", c))
 
 
 def table(run_dir: Path) -> str:
@@ -99,7 +103,7 @@ def zero_shot_table(run_dir: Path) -> str:
         scores[label, checkpoint, search] = (record["bleu"], record["chrf"], share, tgt)
     if not rows:
         return ""
-    columns = [(c, s) for c in sorted(checkpoints, key=lambda c: (c != "best", c)) for s in SEARCHES]
+    columns = [(c, s) for c in _in_order(checkpoints) for s in SEARCHES]
     lines = ["| direction (never trained) | " + " | ".join(f"{c} {s}" for c, s in columns) + " |",
              "|---|" + "---|" * len(columns)]
 

@@ -262,6 +262,7 @@ def _note_compile(args: argparse.Namespace) -> None:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
     flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
+    from .config.languages import WrittenLanguageError
     from .translate import Translator
 
     if args.buffer_size < 1:
@@ -294,9 +295,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             try:
                 results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
                                                       prefixes=prefixes, **_decoding_kwargs(args))
-            except ConfigError as err:  # a line starting with another language's token (>>deu<<): name the line
-                if getattr(err, "sentence", None) is None:
-                    raise
+            except WrittenLanguageError as err:  # a line starting with another language's token: name the line
                 raise ConfigError(str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}") from None
             for i in translator.stats.truncated:
                 logger.warning("line %d has more than the model's max_positions=%d tokens: its first %d translated",

@@ -197,7 +197,11 @@ def report(scores: Scores, hypotheses: list[str], options: DecodingConfig, origi
            **record: Any) -> None:
     """Print what `transformer evaluate` measured (BLEU and chrF with their signatures, the sentences and the
     search); with `json_path`, also write the hypotheses and a JSON of the scores, `record` (checkpoint, data,
-    direction, tgt_lang, the engine's options) and the search (`write_results`)."""
+    direction, tgt_lang, the engine's options) and the search (`write_results`).
+
+    Raises:
+        DataError: a file cannot be written (`write_results`).
+    """
     length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from .config import BOS_ID, EOS_ID, ConfigError, DecodingConfig, OptionError
-from .config.languages import find_language, language_token, target_languages
+from .config.languages import find_language, language_token, target_languages, without_written_token
 from .decoding import Hypothesis
 from .decoding.alignment import align_words
 from .decoding.options import decoding_options, distinct_first, n_best_search, warn_length_cap
@@ -35,10 +34,6 @@ from .engines import Engine, SourceBatch, open_engine
 from .passthrough import PassThrough, with_passthrough
 
 logger = logging.getLogger(__name__)
-
-_WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
-"""A target-language token written at the start of a sentence (`Translator.without_language_token`)."""
-
 
 def source_within(ids: list[int], max_source_len: int) -> tuple[list[int], bool]:
     """Source ids (without eos) as an engine takes them: eos appended, and cut to their start when longer than
@@ -170,24 +165,13 @@ class Translator:
         translation puts it at id level, once); a bilingual model's sentences are returned as they are.
 
         Raises:
-            ConfigError (key decoding.tgt_lang): a sentence starts with the token of another language than
-                tgt_lang (its index in `sentences` as the error's `sentence`), or tgt_lang is missing or one the
-                model lacks (`source_prefix`).
+            WrittenLanguageError (`config/languages.py`, a ConfigError): a sentence starts with the token of
+                another language than tgt_lang.
+            ConfigError (key decoding.tgt_lang): tgt_lang is missing or one the model lacks (`source_prefix`).
         """
         if not self.config.data.directions:
             return sentences
-        tgt_lang, out = self._target_language(tgt_lang), []
-        for i, sentence in enumerate(sentences):
-            written = _WRITTEN_TOKEN.match(sentence)
-            if written and written.group(1) != language_token(tgt_lang):
-                detail = (f"a sentence starts with {written.group(1)} but the target language is {tgt_lang} "
-                          f"({sentence[:40].strip()!r}): the language is given by tgt_lang, and a token written at "
-                          f"the start of a sentence must name the same one")
-                error = ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
-                error.sentence = i
-                raise error
-            out.append(sentence[written.end():] if written else sentence)
-        return out
+        return without_written_token(sentences, self._target_language(tgt_lang))
 
     def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
                   **options: Any) -> list[str]:

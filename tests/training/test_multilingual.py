@@ -133,7 +133,7 @@ def test_a_token_written_at_the_start_of_a_sentence_is_read_once_or_refused(mult
         translator, "ka ke", options)["src_pieces"]
     with pytest.raises(ConfigError, match=r"starts with >>a<< but the target language is b") as err:
         translator.translate(["ko ku", ">>a<< ka ke"], tgt_lang="b")
-    assert err.value.key == "decoding.tgt_lang"
+    assert err.value.key == "decoding.tgt_lang" and err.value.sentence == 1
     assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", "ko ku", ">>a<< ka ke"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--tgt-lang: input line 2: a sentence starts with >>a<<" in error[0], error

@@ -15,7 +15,7 @@ import dataclasses
 import re
 from typing import Any, Optional
 
-from .errors import _require
+from .errors import ConfigError, _require
 
 OPUS_CODES = {
     "ar": "ara", "bg": "bul", "ca": "cat", "cs": "ces", "cy": "cym", "da": "dan", "de": "deu", "el": "ell",
@@ -61,6 +61,38 @@ def find_language(code: str, languages: list[str]) -> Optional[str]:
     token = language_token(code.lower()).lower()
     named = [lang for lang in languages if language_token(lang.lower()).lower() == token]
     return named[0] if len(named) == 1 else None
+
+
+_WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
+"""A target-language token written at the start of a sentence, as OPUS-MT's multi-target models are given one."""
+
+
+class WrittenLanguageError(ConfigError):
+    """A sentence starts with the token of another language (`>>deu<<`) than the one translated into
+    (`without_written_token`): `sentence` is its index in the sentences given, so that callers can name the line
+    (the CLI) or the field (the server)."""
+
+    def __init__(self, detail: str, sentence: int) -> None:
+        super().__init__(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
+        self.sentence = sentence
+
+
+def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
+    """The sentences without a target-language token written at their start when it is `tgt_lang`'s
+    (`>>fra<< text` -> `text`; whitespace around it dropped); others unchanged.
+
+    Raises:
+        WrittenLanguageError: a sentence starts with another language's token.
+    """
+    out = []
+    for i, sentence in enumerate(sentences):
+        written = _WRITTEN_TOKEN.match(sentence)
+        if written and written.group(1) != language_token(tgt_lang):
+            raise WrittenLanguageError(f"a sentence starts with {written.group(1)} but the target language is "
+                                       f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
+                                       f"and a token written at the start of a sentence must name the same one", i)
+        out.append(sentence[written.end():] if written else sentence)
+    return out
 
 
 def parse_direction(direction: str) -> tuple[str, str]:

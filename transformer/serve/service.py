@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, attention_for
 from ..config import ConfigError, DecodingConfig, OptionError
+from ..config.languages import WrittenLanguageError
 from ..decoding.options import SERVER_BATCHING, option_fields
 from ..translate import Translator
 from .batching import Prefixes, RequestBatcher, Translated
@@ -253,9 +254,8 @@ class TranslationService:
         refused here, before batching, so that it cannot fail the requests decoded with it."""
         try:
             self.translator.without_language_token(sentences, decoding.tgt_lang)
-        except ConfigError as err:
-            field = "text" if len(sentences) == 1 else f"text[{getattr(err, 'sentence', 0)}]"
-            raise RequestError(422, field, err.detail) from None
+        except WrittenLanguageError as err:  # tgt_lang itself was checked with the other options
+            raise RequestError(422, "text" if len(sentences) == 1 else f"text[{err.sentence}]", err.detail) from None
 
     def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
         """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
