@@ -110,8 +110,7 @@ def main() -> None:
     torch.manual_seed(config.training.seed)
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="bench_train_"))
     tokenizer, train, _ = prepare_data(config, run_dir)
-    if isinstance(train, list):  # a multilingual run: one cache per direction, mixed as epoch 0 of training mixes them
-        train = training_epochs(config, run_dir, tokenizer, train).epoch(0)
+    train = training_epochs(config, run_dir, tokenizer, train).epoch(0)  # the corpora as epoch 0 of training has them
     model = Transformer(config.model)
     use_fast_cpu_dropout(model)  # as `transformer train` on the CPU (training/trainer.py)
     optimizer = build_optimizer(model, config.training, torch.device("cpu"))

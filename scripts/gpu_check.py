@@ -296,11 +296,12 @@ def measure_decoding(model: Transformer, tokenizer: Tokenizer, config_path: str,
         for batch_size in (64, 256):
             _sync(device)
             start = time.perf_counter()
-            translator.translate(sentences, beam_size=beam_size, batch_size=batch_size)
+            options = translator.resolve_options(beam_size=beam_size, batch_size=batch_size, n_best=1)
+            result = translator.run(translator.request(sentences, options), scores=False)
             _sync(device)
             seconds = time.perf_counter() - start
-            stats = translator.stats  # eos counted for the outputs that ended with one (not those cut at the cap)
-            tokens = stats.n_output_tokens + stats.n_sentences - stats.n_hit_max_len
+            # eos counted for the outputs that ended with one (not those cut at the cap)
+            tokens = result.n_output_tokens + len(sentences) - result.n_hit_max_len
             rows.append({"search": "greedy" if beam_size == 1 else f"beam {beam_size}", "batch_size": batch_size,
                          "tgt_tokens_per_s": round(tokens / seconds),
                          "sentences_per_s": round(len(sentences) / seconds), "s": round(seconds, 2)})

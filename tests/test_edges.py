@@ -96,8 +96,8 @@ def test_over_long_inputs_are_truncated_by_one_rule_and_said_everywhere(translat
     long = " ".join(["Ein Hund läuft im Park"] * 80)
     assert len(translator.tokenizer.src_ids([long])[0]) + 1 > limit
     head = translator.tokenizer.src_ids([long])[0][:limit - 1]
-    translator.translate(["Ein Hund.", long, "", long], beam_size=1)
-    assert translator.stats.truncated == [1, 3] and translator.stats.n_truncated == 2
+    result = translator.run(translator.request(["Ein Hund.", long, "", long], translator.resolve_options(beam_size=1)))
+    assert result.truncated == [1, 3]
     (tmp_path / "in.de").write_text("Ein Hund.\n" * 4 + long + "\n")
     with caplog.at_level(logging.WARNING):
         assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.de"),
@@ -196,8 +196,9 @@ def test_n_best_lines_say_which_hypotheses_were_cut_at_the_length_cap(checkpoint
         for i in range(8):  # per input, the finished ones first
             assert ends[3 * i:3 * i + 3] == sorted(ends[3 * i:3 * i + 3], key=lambda end: end == "cut")
         options = dict(max_len_a=0, max_len_b=2) if cap else {}
-        translator.translate_n_best(lines[:8], n_best=3, beam_size=4, **options)
-        assert [["eos" if f else "cut" for f in hyps] for hyps in translator.stats.finished] == \
+        result = translator.run(translator.request(lines[:8], translator.resolve_options(n_best=3, beam_size=4,
+                                                                                          **options)))
+        assert [["eos" if f else "cut" for f in hyps] for hyps in result.finished] == \
             [ends[3 * i:3 * i + 3] for i in range(8)]
     assert seen == {"eos", "cut"}
 

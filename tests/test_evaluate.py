@@ -36,22 +36,23 @@ def test_detokenized_hypotheses_ending_in_a_spaced_period_raise_no_detokenize_wa
     assert "detokenize" not in caplog.text
 
 
-def test_translate_test_set_names_truncated_lines_once_and_gives_back_the_callers_warning(caplog):
+def test_translate_test_set_names_truncated_lines_once_from_each_calls_notes(caplog):
     from types import SimpleNamespace
 
     from transformer import evaluate
+    from transformer.request import Translation
 
     class Stub:
-        warn_truncated = True
         engine = SimpleNamespace(max_source_len=8)
 
-        def translate(self, lines, **options):
-            assert not self.warn_truncated  # the per-input warning is off while it runs
-            self.stats = SimpleNamespace(truncated=[i for i, line in enumerate(lines) if len(line) > 5])
-            return [line.upper() for line in lines]
+        def request(self, lines, options):
+            return lines
 
-    stub = Stub()
+        def run(self, lines, scores):  # the call's own notes say which lines were cut
+            return Translation([[(line.upper(), 0.0)] for line in lines], [[True] for _ in lines],
+                               truncated=[i for i, line in enumerate(lines) if len(line) > 5])
+
     with caplog.at_level(logging.WARNING):
-        out = evaluate.translate_test_set(stub, ["a", "long line", "b"])
-    assert out == ["A", "LONG LINE", "B"] and stub.warn_truncated
+        out = evaluate.translate_test_set(Stub(), ["a", "long line", "b"], options=None)
+    assert out == ["A", "LONG LINE", "B"] and len(caplog.records) == 1
     assert "1 source lines" in caplog.text and "(lines 2)" in caplog.text

@@ -100,10 +100,12 @@ def test_imported_model_translates_as_generate_does(marian_dir, beam_size):
     config, model, tokenizer = load_model(marian_dir)
     lines = sentences(24, seed=7)
     translator = Translator(PyTorchEngine(model, tokenizer, config))
-    ours = translator.translate(lines, beam_size=beam_size, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
+    options = translator.resolve_options(beam_size=beam_size, max_len_a=0.0, max_len_b=12, length_penalty=0.0, n_best=1)
+    result = translator.run(translator.request(lines, options))
+    ours = result.texts
     theirs = _generate(marian_dir, lines, beam_size, 12)
     assert sum(a == b for a, b in zip(ours, theirs)) == len(lines), [(a, b) for a, b in zip(ours, theirs) if a != b]
-    assert 0 < translator.stats.n_hit_max_len < len(lines)  # some end with eos before the cap, some do not
+    assert 0 < result.n_hit_max_len < len(lines)  # some end with eos before the cap, some do not
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -52,8 +52,10 @@ def cases(multi30k_subset):
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4), dict(sampling=True, seed=3)],
                          ids=["greedy", "beam", "sampling"])
 def test_each_span_comes_back_once_and_the_rest_is_the_translation_without_it(translator, cases, options):
-    outputs = translator.translate([s for s, _, _ in cases], **options)
-    assert translator.stats.n_copied_unknown == len(cases)
+    result = translator.run(translator.request([s for s, _, _ in cases], translator.resolve_options(**options,
+                                                                                                   n_best=1)))
+    outputs = result.texts
+    assert result.n_copied_unknown == len(cases)
     clean = translator.translate([c for _, c, _ in cases], **options)
     for (sentence, _, spans), output, expected in zip(cases, outputs, clean):
         for span in spans:

@@ -97,7 +97,8 @@ def test_a_sentence_longer_than_the_model_reads_is_translated_from_its_start_and
     assert body.status_code == 200, body.text
     body = body.json()
     assert body["truncated"] == [False, True, False]
-    assert body["translations"] == translator.translate(text) and translator.stats.truncated == [1]
+    result = translator.run(translator.request(text, translator.resolve_options()))
+    assert body["translations"] == result.texts and result.truncated == [1]
     assert [h["text"] for h in body["n_best"][1]] == [t for t, _ in translator.translate_n_best([LONG], n_best=2)[0]]
     n_words = sum(piece.startswith("\u2581") for piece in translator.tokenizer.src_pieces(LONG)[:limit - 1])
     assert body["alignments"][1] and max(s for s, _ in body["alignments"][1]) < n_words  # the part translated

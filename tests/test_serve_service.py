@@ -15,7 +15,7 @@ import threading
 import pytest
 import torch
 
-from transformer.config import Config, DataConfig, DecodingConfig, TransformerConfig
+from transformer.config import Config, DataConfig, DecodingConfig, OptionError, TransformerConfig
 from transformer.decoding import Hypothesis
 from transformer.engines import PyTorchEngine, SourceBatch
 from transformer.model import Transformer
@@ -207,24 +207,28 @@ def test_a_request_with_prefixes_shares_a_decoding_call_and_gets_what_it_would_a
     assert (stats.requests, stats.sentences, stats.batches, stats.largest_batch_requests) == (2, 3, 1, 2)
 
 
-def test_the_batcher_passes_prefixes_only_when_a_sentence_of_the_call_has_one():
+def test_the_batcher_passes_prefixes_only_when_a_sentence_of_the_call_has_one(tokenizer):
     calls = []
 
-    def translate_n_best(sentences, prefixes, options, should_stop):
-        calls.append((list(sentences), prefixes))
+    def translate_n_best(request, should_stop):
+        calls.append((list(request.sentences), request.prefixes))
         return [Translated([(f"{prefix or ''}|{sentence}", 0.0)])
-                for sentence, prefix in zip(sentences, prefixes or [None] * len(sentences))]
+                for sentence, prefix in zip(request.sentences, request.prefixes or [None] * len(request))]
 
     async def run():
         batcher = RequestBatcher(translate_n_best, max_batch_sentences=3, max_wait_ms=60_000)
         batcher.start()
-        options = DecodingConfig()
+        translator = Translator(EchoEngine(tokenizer))
+        options = translator.resolve_options()
+
+        def request(sentences, prefixes=None):
+            return translator.request(sentences, options, prefixes)
         try:
-            plain = await asyncio.gather(batcher.translate(["a", "b"], options), batcher.translate(["c"], options))
-            mixed = await asyncio.gather(batcher.translate(["d"], options),
-                                         batcher.translate(["e", "f"], options, ["E", None]))
-            with pytest.raises(ValueError, match="one prefix per sentence"):
-                await batcher.translate(["g"], options, ["G", "H"])
+            plain = await asyncio.gather(batcher.translate(request(["a", "b"])), batcher.translate(request(["c"])))
+            mixed = await asyncio.gather(batcher.translate(request(["d"])),
+                                         batcher.translate(request(["e", "f"], ["E", None])))
+            with pytest.raises(OptionError, match="one per sentence"):
+                await batcher.translate(request(["g"], ["G", "H"]))
         finally:
             await batcher.stop()
         return plain, mixed, batcher.stats
@@ -257,9 +261,10 @@ def test_sentences_longer_than_the_model_reads_are_marked_per_request_and_logged
                       "first 63 translated (text[1])",
                       "/translate: 1 of 3 sentences longer than the model's max_source_len=64 tokens, only their "
                       "first 63 translated (text[0])"], served
-    assert not [r for r in records if r.name == "transformer.translate"] and translator.warn_truncated
+    assert not [r for r in records if r.name == "transformer.translate"]
     alone = Translator(EchoEngine(tokenizer))
-    assert first["translations"] == alone.translate([SRC[0], LONG]) and alone.stats.truncated == [1]
+    result = alone.run(alone.request([SRC[0], LONG], alone.resolve_options()))
+    assert first["translations"] == result.texts and result.truncated == [1]
     assert [h["text"] for h in second["n_best"][0]] == [t for t, _ in alone.translate_n_best([LONG], n_best=2)[0]]
     quick = TranslationService(translator, max_wait_ms=1)  # the service above waits for 5 sentences
     plain, = _run(quick, lambda: quick.translate(SRC[:2], {}))

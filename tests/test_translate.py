@@ -125,11 +125,13 @@ def test_line_discipline_with_empty_and_huge_inputs(translator, caplog):
     huge = " ".join(["Hund"] * 2000)
     lines = ["Ein Hund.", "", "   ", huge, "Eine Katze schläft.", "\t"]
     with caplog.at_level(logging.WARNING):
-        out = translator.translate(lines, beam_size=2)
+        result = translator.run(translator.request(lines, translator.resolve_options(beam_size=2)),
+                                warn_truncated=True)
+        out = result.texts
     assert len(out) == len(lines)
     assert out[1] == out[2] == out[5] == ""
     assert out[0] and out[3] and out[4]
-    assert translator.stats.n_truncated == 1 and "truncated" in caplog.text
+    assert result.truncated == [3] and "truncated" in caplog.text
 
 
 def test_unicode_inputs(translator):

@@ -33,7 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from .config import BOS_ID, DecodingConfig, OptionError
+from .config import BOS_ID, OptionError
+from .request import ResolvedOptions, TranslationRequest
 from .translate import Translator, source_within
 
 logger = logging.getLogger(__name__)
@@ -52,18 +53,18 @@ ATTENTION_SEARCH = {"beam_size": 1}
 """What the translation shown differs in from the config's decoding defaults, unless options say otherwise."""
 
 
-def attention_options(translator: Translator, options: Optional[dict[str, Any]] = None) -> DecodingConfig:
+def attention_options(translator: Translator, options: Optional[dict[str, Any]] = None) -> ResolvedOptions:
     """The decoding of the translation whose attention is shown: the given options (`DecodingConfig` fields; None
     values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis.
 
     Raises:
-        ConfigError: an option out of range.
+        ConfigError: an option out of range, or a tgt_lang the model lacks.
     """
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    return translator.decoding_options(**{**ATTENTION_SEARCH, **given, "n_best": 1})
+    return translator.resolve_options(**{**ATTENTION_SEARCH, **given, "n_best": 1})
 
 
-def attention_for(translator: Translator, sentence: str, options: Optional[DecodingConfig] = None) -> dict:
+def attention_for(translator: Translator, sentence: str, options: Optional[ResolvedOptions] = None) -> dict:
     """Translate one sentence and collect every attention weight, as described in the module docstring.
 
     Args:
@@ -77,18 +78,21 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
 
     Raises:
         AttentionPlotError: the translator's engine has no attention to read (CTranslate2).
+        WrittenLanguageError (a ConfigError): the sentence starts with another language's token than tgt_lang.
     """
+    return request_attention(translator, translator.request([sentence], options or attention_options(translator)))
+
+
+def request_attention(translator: Translator, request: TranslationRequest) -> dict:
+    """`attention_for` of a resolved request's first sentence (`Translator.request`): the server's /attention."""
     model = translator.engine.attention_model
     if model is None:
         raise AttentionPlotError(f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
                                  f"{translator.engine.name} model has no attention to read")
-    tokenizer = translator.tokenizer
-    options = options or attention_options(translator)
-    language = translator.source_prefix(options.tgt_lang)  # a multilingual model's target-language token
-    sentence = translator.without_language_token([sentence], options.tgt_lang)[0]  # none written in the text
-    src_ids, truncated = source_within(language + tokenizer.src_ids([sentence.strip()])[0],
-                                       translator.engine.max_source_len)
-    hyp = translator.decode_ids([src_ids], options)[0][0]
+    tokenizer, options = translator.tokenizer, request.options
+    marks = list(options.source_prefix)  # a multilingual model's target-language token
+    src_ids, truncated = source_within(marks + request.ids[0], translator.engine.max_source_len)
+    hyp = translator.decode_ids([src_ids], options.decoding)[0][0]
     text = tokenizer.decode_tgt(hyp.tokens)
     device = next(model.parameters()).device
     src = torch.tensor([src_ids], device=device)
@@ -98,8 +102,8 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Decod
     return {
         "translation": text,
         "truncated": truncated,
-        "src_pieces": ([tokenizer.id_to_piece(i, "src") for i in language] + tokenizer.src_pieces(sentence.strip())
-                       )[:len(src_ids) - 1] + ["</s>"],
+        "src_pieces": ([tokenizer.id_to_piece(i, "src") for i in marks]
+                       + tokenizer.src_pieces(request.sentences[0].strip()))[:len(src_ids) - 1] + ["</s>"],
         "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
         "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
         **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .attention_plot import AttentionPlotError
 from .checkpoint import CheckpointError
@@ -235,7 +235,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     _, train, valid = prepare_data(with_absolute_data_path(load_config(args.config, args.set)), run_dir)
     models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
-    n_train = sum(map(len, train)) if isinstance(train, list) else len(train)  # a list: one cache per direction
+    n_train = sum(map(len, train))  # a token cache per corpus
     print(f"prepared {run_dir}: tokenizer {models}, {n_train} training pairs in the token cache, "
           f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
           "--set finds both")
@@ -270,9 +270,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     _check_translate_inputs(args)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
                                             workers=args.workers, compile=args.compile)
-    translator.warn_truncated = False  # said below with the line number
     n_best = args.n_best or 1
-    options = translator.decoding_options(n_best=n_best, **_decoding_kwargs(args))  # bad ones fail before any input
+    options = translator.resolve_options(n_best=n_best, **_decoding_kwargs(args))  # bad ones fail before any input
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none")
     _note_compile(args)
@@ -291,24 +290,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
             if prefixes is not None and len(prefixes) < len(lines):
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
                                 f"least {index + len(lines)}: give one prefix line (empty for none) per input line")
-            chunk = []
             try:
-                results = translator.translate_n_best(lines, n_best=n_best, scores=bool(args.n_best),
-                                                      prefixes=prefixes, **_decoding_kwargs(args))
+                request = translator.request(lines, options, prefixes)
             except WrittenLanguageError as err:  # a line starting with another language's token: name the line
                 raise ConfigError(str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}") from None
-            for i in translator.stats.truncated:
+            result = translator.run(request, scores=bool(args.n_best))
+            for i in result.truncated:
                 logger.warning("line %d has more than the model's max_positions=%d tokens: its first %d translated",
                                index + i + 1, translator.engine.max_source_len, translator.engine.max_source_len - 1)
-            for line, hyps, ends in zip(lines, results, translator.stats.finished):
-                texts = [text for text, _ in hyps]
-                if args.alignment:
-                    pairs = translator.align([line] * len(texts), texts, tgt_lang=options.tgt_lang)  # as translated
-                    texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, pairs)]
-                chunk += ([f"{index}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
-                           for t, (_, score), end in zip(texts, hyps, ends)] if args.n_best else [texts[0] + "\n"])
-                index += 1
-            out.write("".join(chunk), len(lines))
+            out.write("".join(_output_lines(translator, request, result, index, args)), len(lines))
+            index += len(lines)
         if prefix_reader and prefix_reader.read(1):
             raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
                             f"{index}: give one prefix line (empty for none) per input line")
@@ -318,6 +309,21 @@ def cmd_translate(args: argparse.Namespace) -> int:
             prefix_reader.close()
         out.close(complete)
     return 0
+
+
+def _output_lines(translator: Any, request: Any, result: Any, index: int, args: argparse.Namespace) -> list[str]:
+    """The output lines of one chunk of input lines (the first numbered `index`): the best translation of each, or
+    with --n-best its K lines `index<TAB>score<TAB>text<TAB>end`; with --alignment each text followed by a TAB and
+    its word alignment (Pharaoh format) with the source as translated."""
+    lines = []
+    for i, (hyps, ends) in enumerate(zip(result.n_best, result.finished)):
+        texts = [text for text, _ in hyps]
+        if args.alignment:
+            pairs = translator.align(request.take([i] * len(texts)), texts)
+            texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, pairs)]
+        lines += ([f"{index + i}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
+                   for t, (_, score), end in zip(texts, hyps, ends)] if args.n_best else [texts[0] + "\n"])
+    return lines
 
 
 def _check_translate_inputs(args: argparse.Namespace) -> None:
@@ -348,28 +354,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                                   " ".join(args.checkpoint), args.direction, args.tgt_lang)
     _note_compile(args)
     kwargs = {**_decoding_kwargs(args), **({"tgt_lang": tgt_lang} if args.direction else {})}
-    hyps = translate_test_set(translator, src, **kwargs)
-    options = translator.decoding_options(**kwargs)
-    tgt_lang = options.tgt_lang or tgt_lang  # as the model names it (--tgt-lang fra: fr)
-    scores = corpus_scores(hyps, refs, tgt_lang, tokenize=args.tokenize)
-    report(scores, hyps, options, origin, args.json, checkpoint=" ".join(args.checkpoint), data=origin,
-           direction=args.direction, tgt_lang=tgt_lang, quantization=args.quantization, compile=args.compile,
-           workers=args.workers)
+    options = translator.resolve_options(**kwargs, n_best=1)  # --tgt-lang fra: fr, as the model names it
+    hyps = translate_test_set(translator, src, options)
+    scores = corpus_scores(hyps, refs, options.target.code, tokenize=args.tokenize)
+    report(scores, hyps, options.decoding, origin, args.json, checkpoint=" ".join(args.checkpoint), data=origin,
+           direction=args.direction, tgt_lang=options.target.code, quantization=args.quantization,
+           compile=args.compile, workers=args.workers)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from .config.languages import target_languages
     from .engines import load_model
 
     if args.format == "huggingface" and args.quantization:
         raise ExportError("--quantization applies to --format ctranslate2 only")
     config, model, tokenizer = load_model(args.checkpoint)
+    several = len(target_languages(config.data)) > 1  # a request must name its target language
     if args.format == "huggingface":
         from .hf import export_huggingface
 
         out = export_huggingface(config, model, tokenizer, args.output, force=args.force)
         print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer"
-              + (", each source starting with its target language's token (>>fra<<)" if config.data.directions else ""))
+              + (", each source starting with its target language's token (>>fra<<)" if several else ""))
         if config.decoding.max_repeat:
             print(f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
                   "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)")
@@ -379,7 +386,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = export_ctranslate2(config, model, tokenizer, args.output, quantization=args.quantization, force=args.force,
                              origin=str(args.checkpoint))
     print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as `transformer translate --checkpoint "
-          f"{out}{' --tgt-lang LANG' if config.data.directions else ''}` or with ctranslate2.Translator")
+          f"{out}{' --tgt-lang LANG' if several else ''}` or with ctranslate2.Translator")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Corpus BLEU and chrF with sacrebleu, on detokenized text, with sacrebleu's signatures."""
+"""What `transformer evaluate` does: a test set (a split of the checkpoint's corpus, or given files) translated, and
+corpus BLEU and chrF with sacrebleu on the detokenized text, with sacrebleu's signatures."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any, Optional
 import sacrebleu
 from tqdm import tqdm
 
-from .config import Config, ConfigError, DecodingConfig, OptionError, override_config
-from .config.languages import find_language, for_direction
+from .config import Config, ConfigError, DataConfig, DecodingConfig, OptionError, override_config
+from .config.languages import Corpus, find_language
 from .data import DataError, load_split, read_lines
 from .files import write_file
+from .request import ResolvedOptions
 from .translate import Translator
 
 logger = logging.getLogger(__name__)
@@ -72,24 +74,24 @@ EVALUATE_CHUNK = 2000
 """Sentences `translate_test_set` decodes between progress-bar updates (sorted by length within each)."""
 
 
-def translate_test_set(translator: Translator, src: list[str], **options: Any) -> list[str]:
-    """Translate a test set with a progress bar on stderr (`Translator.translate`), and name once the lines longer
-    than the model reads (translated from their start: `translate.source_within`).
+def translate_test_set(translator: Translator, src: list[str], options: ResolvedOptions) -> list[str]:
+    """Translate a test set (the best hypothesis of each line) with a progress bar on stderr, and name once the lines
+    longer than the model reads (translated from their start: `translate.source_within`).
 
     Args:
-        options: decoding options, as `Translator.translate` takes them.
+        options: the call's options (`Translator.resolve_options`).
+
+    Raises:
+        WrittenLanguageError (a ConfigError): a line starts with another language's token than tgt_lang.
     """
     hyps: list[str] = []
     truncated: list[int] = []
-    warn, translator.warn_truncated = translator.warn_truncated, False  # said below, once; the caller's back after
-    try:
-        with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
-            for start in range(0, len(src), EVALUATE_CHUNK):
-                hyps += translator.translate(src[start:start + EVALUATE_CHUNK], **options)
-                truncated += [start + i + 1 for i in translator.stats.truncated]
-                bar.update(min(EVALUATE_CHUNK, len(src) - start))
-    finally:
-        translator.warn_truncated = warn
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+        for start in range(0, len(src), EVALUATE_CHUNK):
+            result = translator.run(translator.request(src[start:start + EVALUATE_CHUNK], options), scores=False)
+            hyps += result.texts
+            truncated += [start + i + 1 for i in result.truncated]
+            bar.update(min(EVALUATE_CHUNK, len(src) - start))
     if truncated:
         logger.warning("%d source lines have more than the model's max_positions=%d tokens: truncated, their start "
                        "translated (lines %s)", len(truncated), translator.engine.max_source_len,
@@ -142,20 +144,14 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
         if src_path or ref_paths:
             raise ConfigError(f"evaluate: --split {split} and --src/--ref name two test sets; give one of them")
         config = override_config(config, overrides, sections=("data",), source=checkpoint)
-        data = config.data
-        if data.directions and direction not in data.directions:
-            raise ConfigError(f"evaluate: --split {split} of a multilingual model: give --direction, one of "
-                              f"{', '.join(data.directions)}" + (f" (not {direction})" if direction else ""))
-        if direction and not data.directions:
-            raise ConfigError(f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
-                              f"translates {data.src_lang}-{data.tgt_lang} only")
-        data = for_direction(data, direction) if direction else data
-        if direction and tgt_lang is not None and find_language(tgt_lang, [data.tgt_lang]) is None:
+        corpus = _corpus(config.data, split, direction)
+        if direction and tgt_lang is not None and find_language(tgt_lang, [corpus.tgt_lang]) is None:
             raise ConfigError(f"evaluate: --tgt-lang {tgt_lang} and --direction {direction} name two target "
                               f"languages; give one of them")
+        data = corpus.section(config.data)
         name = {"test": data.test_split, "valid": data.valid_split}.get(split, split)
-        corpus = load_split(data, name)
-        return corpus.src, [corpus.tgt], data.tgt_lang, corpus.origin
+        test = load_split(data, name)
+        return test.src, [test.tgt], corpus.tgt_lang, test.origin
     if overrides:
         raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
     if not (src_path and ref_paths):
@@ -170,6 +166,24 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
         if len(refs[-1]) != len(src):
             raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}")
     return src, refs, config.data.tgt_lang, f"{src_path} + {' + '.join(ref_paths)}"
+
+
+def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:
+    """The corpus whose split `transformer evaluate --split` scores: the one named by `direction` (--direction), or
+    the model's only one.
+
+    Raises:
+        ConfigError: no direction for a model of several, or one the model does not have.
+    """
+    named = [c.name for c in data.corpora if c.name]
+    found = [c for c in data.corpora if direction in (None, c.name or None)]
+    if len(found) == 1:
+        return found[0]
+    if direction and not named:
+        raise ConfigError(f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
+                          f"translates {data.src_lang}-{data.tgt_lang} only")
+    raise ConfigError(f"evaluate: --split {split} of a multilingual model: give --direction, one of "
+                      f"{', '.join(named)}" + (f" (not {direction})" if direction else ""))
 
 
 def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str, Any]) -> Path:

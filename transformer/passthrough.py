@@ -189,20 +189,19 @@ NBestFn = Callable[[list[str], list[list[int]]], list[list[tuple[str, float]]]]
 """`(stripped sentences, their source ids) -> per sentence, the (text, score) hypotheses`."""
 
 
-def with_passthrough(passthrough: PassThrough, sentences: list[str], prefixes: Optional[list[Optional[str]]],
-                     translate_n_best: NBestFn, copy_unknown: bool = True,
-                     align: Optional[Callable[[list[str], list[str]], list[list[tuple[int, int]]]]] = None
+def with_passthrough(passthrough: PassThrough, texts: list[str], ids: list[list[int]],
+                     prefixes: Optional[list[Optional[str]]], translate_n_best: NBestFn, copy_unknown: bool = True,
+                     align: Optional[Callable[[list[list[int]], list[str]], list[list[tuple[int, int]]]]] = None
                      ) -> tuple[list[list[tuple[str, float]]], int]:
-    """`translate_n_best` of the stripped sentences and their source ids (a sentence with spans is encoded again
-    without them), with, if
-    `copy_unknown`, each sentence's spans taken out before and put back into each of its hypotheses after, aligned
-    with `align` (None: relative positions).
+    """`translate_n_best` of the stripped sentences `texts` and their source ids `ids` (`Tokenizer.src_ids`), with,
+    if `copy_unknown`, each sentence's spans taken out before (a sentence with spans is encoded again without them)
+    and put back into each of its hypotheses after, aligned with `align` (of source ids and translations; None:
+    relative positions).
 
     Returns:
         (per sentence, the (text, score) hypotheses; the number of sentences that had spans).
     """
-    texts = [s.strip() for s in sentences]
-    ids = passthrough.tokenizer.src_ids(texts)
+    texts, ids = list(texts), list(ids)
     if not copy_unknown:
         return translate_n_best(texts, ids), 0
     protected = passthrough.protect(texts, ids)
@@ -213,7 +212,7 @@ def with_passthrough(passthrough: PassThrough, sentences: list[str], prefixes: O
         texts[i], ids[i] = protected[i].text, new_ids
     results = translate_n_best(texts, ids)
     pairs = [(i, text) for i in touched for text, _ in results[i]]
-    alignments = align([texts[i] for i, _ in pairs], [t for _, t in pairs]) if align else [None] * len(pairs)
+    alignments = align([ids[i] for i, _ in pairs], [t for _, t in pairs]) if align else [None] * len(pairs)
     it = iter(alignments)
     for i in touched:
         n_prefix = len(prefixes[i].split()) if prefixes and prefixes[i] else 0

@@ -25,7 +25,7 @@ from typing import Optional
 import sentencepiece as spm
 
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
-from .config.languages import language_pairs, source_token
+from .config.languages import Corpus, language_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +126,14 @@ class Tokenizer:
             raise TokenizerError(f"the vocabulary has no piece {piece}: this model was not trained with it")
         return token
 
-    def source_prefix(self, data: DataConfig) -> list[int]:
-        """The ids put before every source of `data`: none for a bilingual run, the target language's token for the
-        data section of one direction (`config.languages.for_direction`, `source_token`)."""
-        token = source_token(data)
-        return [] if token is None else [self.token_id(token)]
+    def source_prefix(self, corpus: Corpus) -> list[int]:
+        """The ids put before every source of `corpus` (`Corpus.source_pieces`: a multilingual run's target-language
+        token, a tag): none for a corpus without marks.
+
+        Raises:
+            TokenizerError: the vocabulary lacks one of the pieces.
+        """
+        return [self.token_id(piece) for piece in corpus.source_pieces]
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source token ids, each sequence ending with eos."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, DataConfig, config_from_dict
-from transformer.config.languages import for_direction, language_token, source_token, target_languages
+from transformer.config.languages import Corpus, language_token, target_languages
 from transformer.data import EncodedPairs, token_batches
 from transformer.data.mixing import direction_probabilities, direction_shares, draw_indices, mix_directions
 
@@ -15,15 +15,23 @@ def test_language_tokens_are_named_as_opus_mt_names_them():
     assert language_token("cmn_Hans") == ">>cmn_Hans<<" and language_token("x") == ">>x<<"  # others as given
 
 
-def test_directions_and_what_follows_from_them():
+def test_a_run_is_a_list_of_corpora_made_once_from_either_form():
     data = DataConfig(path="d", directions=["de-en", "fr-en", "en-fr"])
     assert target_languages(data) == ["en", "fr"]
-    view = for_direction(data, "fr-en")
-    assert (view.src_lang, view.tgt_lang, source_token(view)) == ("fr", "en", ">>eng<<")
-    assert source_token(DataConfig(path="d")) is None  # bilingual: no token
-    assert target_languages(DataConfig(path="d", src_lang="en", tgt_lang="cs")) == ["cs"]
-    with pytest.raises(ValueError, match="for_direction"):
-        source_token(data)
+    assert data.corpora == (Corpus("de", "en", "de-en", ">>eng<<"), Corpus("fr", "en", "fr-en", ">>eng<<"),
+                            Corpus("en", "fr", "en-fr", ">>fra<<"))
+    view = data.corpora[1].section(data)
+    assert (view.src_lang, view.tgt_lang, view.corpus.source_pieces) == ("fr", "en", (">>eng<<",))
+    assert view.directions == ["fr-en"]  # the section reads that corpus's files, caches and samples
+    bilingual = DataConfig(path="d", src_lang="en", tgt_lang="cs")
+    assert bilingual.corpora == (Corpus("en", "cs"),) and bilingual.corpus.source_pieces == ()  # no token
+    assert bilingual.corpus.section(bilingual) == bilingual
+    assert target_languages(bilingual) == ["cs"]
+    assert "corpora" not in config_from_dict({"model": {}, "data": {"path": "d"}}).to_dict()["data"]  # derived
+    with pytest.raises(ValueError, match="Corpus.section"):
+        data.corpus
+    tagged = Corpus("en", "de", "bt", ">>deu<<", tag="<bt>")  # a later corpus kind: its tag follows the token
+    assert tagged.source_pieces == (">>deu<<", "<bt>") and tagged.section(data).corpus == tagged
 
 
 @pytest.mark.parametrize("changes, key, message", [

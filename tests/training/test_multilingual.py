@@ -17,7 +17,6 @@ from transformer.attention_plot import attention_for
 from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
 from transformer.config import ConfigError, load_config
-from transformer.config.languages import for_direction
 from transformer.data import get_token_cache
 from transformer.serve.service import RequestError, TranslationService
 from transformer.training.trainer import TrainingInterrupted, train
@@ -79,11 +78,12 @@ def test_the_language_token_starts_every_source_and_is_one_piece(multilingual_ru
     tokenizer = translator.tokenizer
     ids = {lang: tokenizer.token_id(f">>{lang}<<") for lang in "ab"}
     assert ">>b<<" in tokenizer.src_pieces(">>b<< ka")  # a user-defined piece: whole wherever it is written
-    for direction, lang in (("x-a", "a"), ("x-b", "b")):
-        cache = get_token_cache(for_direction(config.data, direction), "train", tokenizer)
+    for corpus, lang in zip(config.data.corpora, "ab"):
+        cache = get_token_cache(corpus.section(config.data), "train", tokenizer)
         assert len(cache) == 1500 and all(cache.src(i)[0] == ids[lang] for i in range(len(cache)))
         assert cache.spec["src_prefix"] == [ids[lang]]
-    assert translator.source_prefix("a") == [ids["a"]] and translator.languages == ["a", "b"]
+    assert translator.resolve_options(tgt_lang="a").source_prefix == (ids["a"],)
+    assert translator.languages == ["a", "b"]
 
 
 def test_the_target_language_token_chooses_the_output_language(multilingual_run):
@@ -126,9 +126,9 @@ def test_a_token_written_at_the_start_of_a_sentence_is_read_once_or_refused(mult
     plain = translator.translate(["ka ke ki", "ko ku"], tgt_lang="b")
     written = translator.translate([">>b<< ka ke ki", "  >>b<<ko ku"], tgt_lang="b")
     assert seen[0] == seen[1] and written == plain == ["pa pe pi", "po pu"]
-    assert translator.align([">>b<< ka ke ki"], ["pa pe pi"], tgt_lang="b") == translator.align(
-        ["ka ke ki"], ["pa pe pi"], tgt_lang="b")
-    options = translator.decoding_options(tgt_lang="b", beam_size=1, n_best=1)
+    options = translator.resolve_options(tgt_lang="b", beam_size=1, n_best=1)
+    assert translator.align(translator.request([">>b<< ka ke ki"], options), ["pa pe pi"]) == translator.align(
+        translator.request(["ka ke ki"], options), ["pa pe pi"])
     assert attention_for(translator, ">>b<< ka ke", options)["src_pieces"] == attention_for(
         translator, "ka ke", options)["src_pieces"]
     with pytest.raises(ConfigError, match=r"starts with >>a<< but the target language is b") as err:
@@ -199,7 +199,7 @@ def test_health_and_attention_know_the_languages(multilingual_run):
     translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
     health = TranslationService(translator).health()
     assert health["languages"] == {"tgt_langs": ["a", "b"], "directions": ["x-a", "x-b"]}
-    data = attention_for(translator, "ka ke", translator.decoding_options(tgt_lang="b", beam_size=1, n_best=1))
+    data = attention_for(translator, "ka ke", translator.resolve_options(tgt_lang="b", beam_size=1, n_best=1))
     assert data["src_pieces"][0] == ">>b<<" and data["translation"] == "pa pe"
     assert len(data["cross"][0][0][0]) == len(data["src_pieces"])
 
@@ -220,7 +220,7 @@ def test_a_bilingual_run_carries_no_language_token(trained_run, monkeypatch):
     translator = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
     cache = get_token_cache(config.data, config.data.train_split, translator.tokenizer)
     assert set(cache.spec) == {"format", "corpus", "tokenizer_sha256", "max_len", "src_lang", "tgt_lang"}
-    assert translator.source_prefix(None) == translator.source_prefix("en") == []
+    assert translator.resolve_options().source_prefix == translator.resolve_options(tgt_lang="en").source_prefix == ()
     seen = []
     decode_ids = translator.decode_ids
     monkeypatch.setattr(translator, "decode_ids", lambda src_ids, *a, **k: seen.extend(src_ids) or
@@ -344,13 +344,14 @@ def test_alignments_read_the_attention_of_the_source_as_translated(multilingual_
     translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
     source, target = "ka ke ki ko", "pa pe pi po"
     assert translator.translate([source], tgt_lang="b") == [target]
-    data = attention_for(translator, source, translator.decoding_options(tgt_lang="b", beam_size=1, n_best=1))
+    data = attention_for(translator, source, translator.resolve_options(tgt_lang="b", beam_size=1, n_best=1))
     cross = torch.tensor(data["cross"][-1]).mean(0)[:, 1:]  # last layer, heads averaged, the token's column off
     expected = align_words(cross, data["src_pieces"][1:-1], data["tgt_out_pieces"][:-1])
-    assert translator.align([source], [target], tgt_lang="b") == [expected]
+    assert translator.align(translator.request([source], translator.resolve_options(tgt_lang="b")),
+                            [target]) == [expected]
     assert expected == [(0, 0), (1, 1), (2, 2), (3, 3)]
     with pytest.raises(ConfigError, match="one of a, b"):
-        translator.align([source], [target])
+        translator.resolve_options()
 
 
 def test_fine_tuning_a_multilingual_model_keeps_its_language_tokens(multilingual_run, tmp_path, capsys):
@@ -372,7 +373,7 @@ def test_fine_tuning_a_multilingual_model_keeps_its_language_tokens(multilingual
     capsys.readouterr()
     source, tuned = Translator.from_checkpoint(best), Translator.from_checkpoint(tmp_path / "one/checkpoints/last.pt")
     assert tuned.tokenizer.digest() == source.tokenizer.digest() and tuned.languages == ["b"]
-    assert tuned.source_prefix("b") == source.source_prefix("b")
+    assert tuned.resolve_options(tgt_lang="b").source_prefix == source.resolve_options(tgt_lang="b").source_prefix
     assert tuned.translate(["ka ke ki"], tgt_lang="b") == tuned.translate(["ka ke ki"]) == ["pa pe pi"]  # its one
     refusals = {"bilingual": (dict(directions=[], src_lang="x", tgt_lang="b"), ["data.directions", "[x-b]"]),
                 "new": (dict(directions=["x-a", "x-c"]), ["data.directions", ">>c<<", "a, b"])}

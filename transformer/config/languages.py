@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import ConfigError, _require
@@ -134,9 +135,59 @@ def check_directions(data: Any) -> None:
                  f"{language_token(tgt)}: use one code for one language")
 
 
+@dataclass(frozen=True)
+class Corpus:
+    """One corpus of a run: the languages it translates and the marks its sources carry (STYLE.md §13).
+
+    A run is a list of corpora, `DataConfig.corpora`, made once when the data section is built (`corpora_of`): the
+    short form `data.src_lang`/`data.tgt_lang` is a list of one corpus with no marks; `data.directions` is one corpus
+    per entry, each source starting with its target language's token. Everything after the config walks the list.
+    """
+
+    src_lang: str
+    tgt_lang: str
+    name: str = ""
+    """How the run's files, logs and metrics name this corpus: the direction ("de-en") of an entry of
+    data.directions; empty for the one corpus of the short form, whose files keep the run's own names."""
+    language_token: Optional[str] = None
+    """The target-language token put first on each source (`>>eng<<`); None: no token (a bilingual run)."""
+    tag: Optional[str] = None
+    """A piece put on each source after the language token, that marks the corpus's kind (tagged back-translation,
+    Caswell et al. 2019); None: none."""
+    weight: float = 1.0
+    """How much of each epoch the corpus gets relative to its size (1: in proportion to its pairs)."""
+
+    @property
+    def source_pieces(self) -> tuple[str, ...]:
+        """The pieces put before every source of this corpus, in order: its language token, then its tag."""
+        return tuple(piece for piece in (self.language_token, self.tag) if piece)
+
+    @property
+    def direction(self) -> str:
+        """"src-tgt", e.g. "de-en"."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    def section(self, data: Any) -> Any:
+        """The data section that reads this corpus: `data` with its languages as src_lang and tgt_lang, and this
+        corpus its only one (so that file names, token caches and samples are this corpus's)."""
+        view = dataclasses.replace(data, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
+                                   directions=[self.direction] if self.name else [])
+        object.__setattr__(view, "corpora", (self,))
+        return view
+
+
+def corpora_of(data: Any) -> tuple[Corpus, ...]:
+    """The corpora of a data section, the one place that reads its short or long form: one per entry of
+    data.directions (named by it, with its target language's token), else (src_lang, tgt_lang) with no marks."""
+    if data.directions:
+        return tuple(Corpus(src, tgt, name=direction, language_token=language_token(tgt))
+                     for direction, (src, tgt) in ((d, parse_direction(d)) for d in data.directions))
+    return (Corpus(data.src_lang, data.tgt_lang),)
+
+
 def language_pairs(data: Any) -> list[tuple[str, str]]:
-    """The (source, target) languages the run trains on: each of data.directions, or (src_lang, tgt_lang)."""
-    return [parse_direction(d) for d in data.directions] or [(data.src_lang, data.tgt_lang)]
+    """The (source, target) languages the run trains on, one per corpus."""
+    return [(corpus.src_lang, corpus.tgt_lang) for corpus in data.corpora]
 
 
 def describe(data: Any) -> str:
@@ -145,32 +196,51 @@ def describe(data: Any) -> str:
 
 
 def target_languages(data: Any) -> list[str]:
-    """The languages the model translates into, in the order of data.directions (bilingual: [tgt_lang])."""
+    """The languages the model translates into, in the order of its corpora (bilingual: [tgt_lang])."""
     return list(dict.fromkeys(tgt for _, tgt in language_pairs(data)))
 
 
 def language_tokens(data: Any) -> list[str]:
-    """The tokens a multilingual run's vocabulary holds, one per target language; none for a bilingual run."""
-    return [language_token(lang) for lang in target_languages(data)] if data.directions else []
+    """The target-language tokens the run's vocabulary holds, one per target language; none for a bilingual run."""
+    return list(dict.fromkeys(c.language_token for c in data.corpora if c.language_token))
 
 
-def for_direction(data: Any, direction: str) -> Any:
-    """The data section of one direction of a multilingual run: src_lang and tgt_lang are its languages and
-    directions holds it alone, so that file names, token caches and samples are those of that direction and
-    `source_token` gives its target's token."""
-    src, tgt = parse_direction(direction)
-    return dataclasses.replace(data, src_lang=src, tgt_lang=tgt, directions=[direction])
+def reserved_pieces(data: Any) -> list[str]:
+    """Every piece the run's corpora put before their sources (language tokens, then tags): the vocabulary holds
+    each as one whole piece."""
+    return list(dict.fromkeys(piece for corpus in data.corpora for piece in corpus.source_pieces))
 
 
-def source_token(data: Any) -> Optional[str]:
-    """The token put at the start of every source of this data: None for a bilingual run; for the data section of
-    one direction (`for_direction`) its target language's token.
+@dataclass(frozen=True)
+class TargetLanguage:
+    """The language a request translates into, resolved against the model once (`resolve_target`)."""
+
+    code: str
+    """The model's own code of it (fra and FR given: fr)."""
+    token: Optional[str]
+    """Its token, put first on every source (a multilingual model); None: the model takes no token."""
+
+
+def resolve_target(data: Any, tgt_lang: Optional[str]) -> TargetLanguage:
+    """The target language a request names (`decoding.tgt_lang`), checked against the model's: None names the
+    model's only target language; a code is matched as `find_language` matches it.
 
     Raises:
-        ValueError: several directions (take `for_direction` first).
+        ConfigError (key decoding.tgt_lang): None for a model with several target languages, or a language the model
+            does not translate into; the message lists the model's languages.
     """
-    if not data.directions:
-        return None
-    if len(data.directions) > 1:
-        raise ValueError(f"{len(data.directions)} directions: take one with for_direction first")
-    return language_token(parse_direction(data.directions[0])[1])
+    languages = target_languages(data)
+    tokens = {c.tgt_lang: c.language_token for c in data.corpora}
+    code = languages[0] if tgt_lang is None and len(languages) == 1 else tgt_lang
+    code = find_language(code, languages) if code is not None else None
+    if code is not None:
+        return TargetLanguage(code, tokens[code])
+    if tgt_lang is None:
+        detail = (f"this model translates into {len(languages)} languages: give the one to translate into, one of "
+                  f"{', '.join(languages)}")
+    elif not any(tokens.values()):
+        detail = (f"this model translates {describe(data)} only; tgt_lang {tgt_lang!r} is not its language (give "
+                  f"{languages[0]} or leave it out)")
+    else:
+        detail = f"this model translates into {', '.join(languages)}, not {tgt_lang!r}"
+    raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)

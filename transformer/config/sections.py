@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import _require
-from .languages import check_directions
+from .languages import Corpus, check_directions, corpora_of
 
 # --------------------------------------------------------------------------------------------------
 # The model
@@ -114,16 +114,21 @@ class TransformerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the parallel corpus comes from and how it is tokenized and batched."""
+    """Where the parallel corpus comes from and how it is tokenized and batched.
+
+    Attributes:
+        corpora: the run's corpora (`languages.Corpus`), made once from src_lang/tgt_lang (one corpus, no marks) or
+            directions (one per entry, each with its target language's token): what the rest of the code walks.
+    """
 
     src_lang: str = "de"
-    """Source language code: file suffix (`train.de.gz`) or dataset column / translation key. Not read when
-    `directions` is set."""
+    """Source language code: file suffix (`train.de.gz`) or dataset column / translation key. The short form of a
+    run of one direction; with `directions` set, each corpus has its own (`corpora`)."""
     tgt_lang: str = "en"
-    """Target language code. Not read when `directions` is set."""
+    """Target language code; as src_lang."""
     directions: list[str] = field(default_factory=list)
     """A multilingual run (docs/training.md): the "src-tgt" directions trained together, e.g. [de-en, fr-en, en-de];
-    each source starts with its target language's token (`>>fra<<`, `config/languages.py`). Empty: bilingual,
+    each source starts with its target language's token (`>>fra<<`, `config/languages.py`). Empty: one direction,
     src_lang -> tgt_lang with no token."""
     direction_temperature: float = 1.0
     """With directions: each epoch draws direction d's share of pairs with probability proportional to n_d^(1/T),
@@ -187,6 +192,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_directions(self)
+        object.__setattr__(self, "corpora", corpora_of(self))  # derived, not a field: saved configs keep their keys
         _require(bool(self.src_lang) and bool(self.tgt_lang), "data.src_lang", "languages must be non-empty")
         _require(self.src_lang != self.tgt_lang, "data.tgt_lang",
                  f"source and target language are both {self.src_lang!r}")
@@ -209,6 +215,17 @@ class DataConfig:
                  f"must be at least 2 (segmentations to sample from), got {self.subword_nbest_size}")
         _require(self.path is not None or self.hf_dataset is not None, "data.path",
                  "set data.path (a local folder) or data.hf_dataset (a Hugging Face dataset id)")
+
+    @property
+    def corpus(self) -> Corpus:
+        """The one corpus of the data section of one corpus (`Corpus.section`).
+
+        Raises:
+            ValueError: the section has several corpora (take one with `Corpus.section` first).
+        """
+        if len(self.corpora) != 1:
+            raise ValueError(f"{len(self.corpora)} corpora: take one with Corpus.section first")
+        return self.corpora[0]
 
 
 @dataclass(frozen=True)

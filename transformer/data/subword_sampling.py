@@ -81,7 +81,8 @@ class SubwordSampler:
 
     def __init__(self, tokenizer: Tokenizer, data: DataConfig) -> None:
         self.tokenizer, self.alpha, self.nbest_size = tokenizer, data.subword_alpha, data.subword_nbest_size
-        self.is_bpe, self.src_prefix = data.spm_model_type == "bpe", tokenizer.source_prefix(data)  # a language token
+        self.is_bpe = data.spm_model_type == "bpe"
+        self.src_prefix = tokenizer.source_prefix(data.corpus)  # a language token
         self._sides = {side: _SentencePieceSide(sp) for side, sp in (("src", tokenizer.src), ("tgt", tokenizer.tgt))}
 
     def src_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:

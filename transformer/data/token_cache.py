@@ -144,7 +144,7 @@ def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> d
     spec = {"format": CACHE_FORMAT, "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
             "tokenizer_sha256": tokenizer_digest(tokenizer),
             "max_len": data.max_len, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
-    prefix = tokenizer.source_prefix(data)  # a direction of a multilingual run: its target's token starts each source
+    prefix = tokenizer.source_prefix(data.corpus)  # a corpus with marks (a language token) starts each source with them
     return {**spec, "src_prefix": prefix} if prefix else spec
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..checkpoint import load_for_inference
 from ..config import Config, OptionError
-from ..config.languages import describe
+from ..config.languages import Corpus, describe
 from ..ct2 import METADATA, is_ctranslate2_dir
 from ..device import resolve_device
 from ..files import CheckpointError
@@ -104,8 +104,7 @@ def _check_ensemble(paths: list[str | Path], loaded: list[tuple[Config, Transfor
         if tokenizer.digest() != first:
             raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                               "different ones")
-        pairs = {(config.data.src_lang, config.data.tgt_lang, *config.data.directions),
-                 (data.src_lang, data.tgt_lang, *data.directions)}
-        if len(pairs) > 1 and UNKNOWN_PAIR not in pairs:
+        corpora = {config.data.corpora, data.corpora}
+        if len(corpora) > 1 and (Corpus(*UNKNOWN_PAIR),) not in corpora:
             raise OptionError(f"an ensemble translates the same directions with each model: {paths[0]} translates "
                               f"{describe(data)}, {path} {describe(config.data)}")

@@ -2,8 +2,10 @@
 
 A request's sentences wait in a queue; one asyncio task takes the first waiting request, keeps collecting for up to
 `max_wait_ms` milliseconds (or until `max_batch_sentences` sentences are waiting), and decodes everything it holds
-with one `translate_n_best` call per set of decoding options. A request with target prefixes is batched like any
-other: its sentences carry their prefixes into the shared call, the others' none. Decoding runs on one worker thread,
+with one decoding call per set of options. Each request comes resolved (`request.TranslationRequest`: its texts,
+source ids, target prefixes and options checked where it entered); a call decodes the requests that share options
+joined into one (`TranslationRequest.join`): a request with target prefixes carries them into the shared call, the
+others none. Decoding runs on one worker thread,
 so the event loop keeps answering (health checks, new requests) while the model works, and requests that arrive
 during a decode are all taken together by the next one: the busier the server, the larger its batches (the batching
 of serving systems such as TensorFlow Serving and CTranslate2's asynchronous translate).
@@ -24,11 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
-from ..config import DecodingConfig
+from ..request import ResolvedOptions, TranslationRequest
 from ..translate import DecodingStopped
-
-Prefixes = Optional[list[Optional[str]]]
-"""Per sentence, a target prefix its translation starts with (None or "": none); None when no sentence has one."""
 
 
 @dataclass(frozen=True)
@@ -41,19 +40,17 @@ class Translated:
     """The sentence was longer than the engine's max_source_len: only its start was translated."""
 
 
-Decode = Callable[[list[str], Prefixes, DecodingConfig, Callable[[], bool]], list[Translated]]
-"""`(sentences, prefixes, options, should_stop) -> one Translated per sentence`: a decoding call, on the worker
-thread. `should_stop()` becomes True once every request of the call is gone; the function may then raise
-`translate.DecodingStopped` (`Translator.translate_n_best(..., should_stop=...)` does, before its next batch)."""
+Decode = Callable[[TranslationRequest, Callable[[], bool]], list[Translated]]
+"""`(request, should_stop) -> one Translated per sentence`: a decoding call, on the worker thread. `should_stop()`
+becomes True once every request of the call is gone; the function may then raise `translate.DecodingStopped`
+(`Translator.run(..., should_stop=...)` does, before its next batch)."""
 
 T = TypeVar("T")
 
 
 @dataclass
 class _Request:
-    sentences: list[str]
-    options: DecodingConfig
-    prefixes: Prefixes
+    request: TranslationRequest
     future: asyncio.Future
 
 
@@ -122,29 +119,21 @@ class RequestBatcher:
         """Requests queued and not yet taken by a decoding call."""
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def translate(self, sentences: list[str], options: DecodingConfig,
-                        prefixes: Prefixes = None) -> list[Translated]:
-        """Queue sentences for the next decoding call and wait for their results (in input order). Cancelling the
-        waiting caller (a client that went away) takes the request out: not decoded if its turn has not come, and
-        its decoding call stopped before its next batch if every request of that call is gone.
-
-        Args:
-            sentences: the request's sentences.
-            options: its decoding options; requests with equal options share a call.
-            prefixes: per sentence, a target prefix (None or "": none), or None for none at all.
+    async def translate(self, request: TranslationRequest) -> list[Translated]:
+        """Queue a resolved request for the next decoding call and wait for its results (in input order); requests
+        with equal options share a call. Cancelling the waiting caller (a client that went away) takes the request
+        out: not decoded if its turn has not come, and its decoding call stopped before its next batch if every
+        request of that call is gone.
 
         Raises:
-            ValueError: prefixes not one per sentence.
             RuntimeError: the batcher is not started, or stops before the request is served.
             Whatever `translate_n_best` raises for this request's batch.
         """
         if self._queue is None or self._task is None:
             raise RuntimeError("RequestBatcher.start() was not called")
-        if prefixes is not None and len(prefixes) != len(sentences):
-            raise ValueError(f"one prefix per sentence ({len(sentences)}), got {len(prefixes)}")
-        request = _Request(sentences, options, prefixes, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(request)
-        return await request.future
+        waiting = _Request(request, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(waiting)
+        return await waiting.future
 
     async def run_on_worker(self, function: Callable[..., T], *args: Any) -> T:
         """Run `function(*args)` on the decoding thread, after the decoding calls already given to it (work that uses
@@ -165,7 +154,7 @@ class RequestBatcher:
         """The first waiting request and those that arrive within max_wait_ms, up to max_batch_sentences."""
         assert self._queue is not None
         requests = [await self._queue.get()]
-        n_sentences = len(requests[0].sentences)
+        n_sentences = len(requests[0].request)
         deadline = asyncio.get_running_loop().time() + self.max_wait_ms / 1000
         while n_sentences < self.max_batch_sentences:
             if self._queue.empty():
@@ -179,31 +168,28 @@ class RequestBatcher:
             else:
                 request = self._queue.get_nowait()
             requests.append(request)
-            n_sentences += len(request.sentences)
+            n_sentences += len(request.request)
         return requests
 
     async def _run(self) -> None:
         while True:
             requests = await self._collect()
-            by_options: dict[DecodingConfig, list[_Request]] = defaultdict(list)
+            by_options: dict[ResolvedOptions, list[_Request]] = defaultdict(list)
             for request in requests:
-                by_options[request.options].append(request)
-            for options, group in by_options.items():
-                await self._decode(group, options)
+                by_options[request.request.options].append(request)
+            for group in by_options.values():
+                await self._decode(group)
 
-    async def _decode(self, group: list[_Request], options: DecodingConfig) -> None:
+    async def _decode(self, group: list[_Request]) -> None:
         waiting = [request for request in group if not request.future.done()]  # done: the client went away
         self.stats.abandoned_requests += len(group) - len(waiting)
         group = waiting
         if not group:
             return
-        sentences = [s for request in group for s in request.sentences]
-        prefixes: Prefixes = None  # no sentence has one: the search needs no forced-token rule
-        if any(request.prefixes is not None for request in group):
-            prefixes = [p for request in group for p in (request.prefixes or [None] * len(request.sentences))]
+        joined = TranslationRequest.join([request.request for request in group])
         all_gone = _all_done(request.future for request in group)
         try:
-            results = await self.run_on_worker(self.translate_n_best, sentences, prefixes, options, all_gone.is_set)
+            results = await self.run_on_worker(self.translate_n_best, joined, all_gone.is_set)
         except DecodingStopped:  # every client of the call went away: their futures are cancelled already
             self.stats.cancelled_requests += len(group)
             return
@@ -212,12 +198,13 @@ class RequestBatcher:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
-        self._count(len(group), len(sentences))
+        self._count(len(group), len(joined))
         start = 0
         for request in group:
+            n = len(request.request)
             if not request.future.done():  # a client that went away during the decode leaves a cancelled future
-                request.future.set_result(results[start:start + len(request.sentences)])
-            start += len(request.sentences)
+                request.future.set_result(results[start:start + n])
+            start += n
 
 
 def _all_done(futures: Any) -> threading.Event:

@@ -14,7 +14,6 @@ only asyncio (`batching.py`): it and its tests run without FastAPI or pydantic i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -22,12 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, attention_for
-from ..config import ConfigError, DecodingConfig, OptionError
-from ..config.languages import WrittenLanguageError
+from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, request_attention
+from ..config import ConfigError, OptionError
+from ..config.languages import WrittenLanguageError, language_pairs
 from ..decoding.options import SERVER_BATCHING, option_fields
+from ..request import ResolvedOptions, TranslationRequest
 from ..translate import Translator
-from .batching import Prefixes, RequestBatcher, Translated
+from .batching import RequestBatcher, Translated
 
 log = logging.getLogger(__name__)
 
@@ -119,33 +119,28 @@ class TranslationService:
         A request whose caller is cancelled (its client went away) while it waits is not decoded; while its
         decoding call runs, the call stops before its next batch of sentences if no other request shares it.
         """
-        start = time.perf_counter()
+        start, given_n_best = time.perf_counter(), options.get("n_best")
         sentences = self._sentences(text)
-        decoding = self._options(options, TRANSLATE_OPTIONS)
+        options = self._options(options, TRANSLATE_OPTIONS)
         if prefix is not None and len(prefix) != len(sentences):
             raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}")
         for i, one in enumerate(prefix or []):
             _check_encodable(one or "", f"prefix[{i}]")
-        try:  # here, not in the shared decoding call: a refused prefix must not fail the requests batched with it
-            self.translator.prefix_ids(prefix)
-        except OptionError as err:
-            raise RequestError(422, "prefix", str(err)) from None
-        self._check_written_language(sentences, decoding)
+        request = self._request(sentences, options, prefix)  # before batching: a refusal fails this request only
         engine = self.translator.engine
         if alignment and engine.attention_model is None:
             raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
                                f"folder); this server runs a {engine.name} model, which has no attention to read")
-        results = await self.batcher.translate(sentences, decoding, prefix)
+        results = await self.batcher.translate(request)
         truncated = [result.truncated for result in results]
         if any(truncated):
             self._log_truncated("/translate", [i for i, cut in enumerate(truncated) if cut], len(sentences))
         response: dict[str, Any] = {"translations": [result.n_best[0][0] for result in results],
-                                    "truncated": truncated, "beam_size": decoding.beam_size}
+                                    "truncated": truncated, "beam_size": options.decoding.beam_size}
         if alignment:
-            align = functools.partial(self.translator.align, tgt_lang=decoding.tgt_lang)
-            pairs = await self.batcher.run_on_worker(align, sentences, response["translations"])
+            pairs = await self.batcher.run_on_worker(self.translator.align, request, response["translations"])
             response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
-        if options.get("n_best") is not None:
+        if given_n_best is not None:
             response["n_best"] = [[{"text": text, "score": score} for text, score in result.n_best]
                                   for result in results]
         response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
@@ -170,10 +165,10 @@ class TranslationService:
                                f"this server runs a {engine.name} model, which has no attention to read")
         sentence = self._sentences([text], one=True)[0]
         given = {name: value for name, value in options.items() if value is not None}
-        decoding = self._options({**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1)  # greedy by default
-        self._check_written_language([sentence], decoding)
+        options = self._options({**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1)  # greedy by default
+        request = self._request([sentence], options, None, one=True)
         try:
-            data = await self.batcher.run_on_worker(attention_for, self.translator, sentence, decoding)
+            data = await self.batcher.run_on_worker(request_attention, self.translator, request)
         except AttentionPlotError as err:
             raise RequestError(422, "text", str(err)) from None
         if data["truncated"]:
@@ -181,21 +176,22 @@ class TranslationService:
         return data
 
     def health(self) -> dict[str, Any]:
-        """Model, vocabulary (src_lang and tgt_lang None for a multilingual model), languages (those a request's
-        tgt_lang may name; a multilingual model's directions), device, uptime (seconds), limits, decoding defaults
-        and batching counts."""
+        """Model, vocabulary (src_lang and tgt_lang: None where the model's directions differ in it), languages
+        (those a request's tgt_lang may name; a multilingual model's directions), device, uptime (seconds), limits,
+        decoding defaults and batching counts."""
         engine, config, tokenizer = self.translator.engine, self.translator.config, self.translator.tokenizer
         sizes = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions", "norm_first")
+        pairs = language_pairs(config.data)
         return {
             "status": "ok",
             "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoint.split(" ")), "engine": engine.name,
                       **{k: getattr(config.model, k) for k in sizes}, "parameters": engine.parameters,
                       "quantization": engine.quantization, "compile": engine.compile},
-            "vocabulary": {"src_lang": None if config.data.directions else config.data.src_lang,  # see languages
-                           "tgt_lang": None if config.data.directions else config.data.tgt_lang,
+            "vocabulary": {"src_lang": _one(src for src, _ in pairs), "tgt_lang": _one(tgt for _, tgt in pairs),
                            "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
                            "joint": tokenizer.is_joint},
-            "languages": {"tgt_langs": self.translator.languages, "directions": list(config.data.directions)},
+            "languages": {"tgt_langs": self.translator.languages,
+                          "directions": [corpus.name for corpus in config.data.corpora if corpus.name]},
             "device": engine.device,
             "uptime_s": round(time.time() - self._started, 1),
             "limits": asdict(self.limits),
@@ -204,23 +200,16 @@ class TranslationService:
                          "max_wait_ms": self.batcher.max_wait_ms, **self.batcher.stats.to_dict()},
         }
 
-    def _translate_n_best(self, sentences: list[str], prefixes: Prefixes, options: DecodingConfig,
-                          should_stop: Callable[[], bool]) -> list[Translated]:
-        """One decoding call of the batcher (on its worker thread, `batching.Decode`): `options` given back whole,
-        each sentence marked truncated or not from the translator's `stats` of this very call.
+    def _translate_n_best(self, request: TranslationRequest, should_stop: Callable[[], bool]) -> list[Translated]:
+        """One decoding call of the batcher (on its worker thread, `batching.Decode`): each sentence marked truncated
+        or not from this call's `Translation` (the service logs them per request, `translate`).
 
         Raises:
             DecodingStopped: `should_stop()` became True (every request of the call is gone).
         """
-        translator = self.translator
-        warn, translator.warn_truncated = translator.warn_truncated, False  # said per request instead (`translate`)
-        try:
-            results = translator.translate_n_best(sentences, prefixes=prefixes, should_stop=should_stop,
-                                                  **asdict(options))
-        finally:
-            translator.warn_truncated = warn
-        truncated = set(translator.stats.truncated)
-        return [Translated(hyps, i in truncated) for i, hyps in enumerate(results)]
+        result = self.translator.run(request, should_stop=should_stop)
+        truncated = set(result.truncated)
+        return [Translated(hyps, i in truncated) for i, hyps in enumerate(result.n_best)]
 
     def _log_truncated(self, route: str, indices: list[int], n_sentences: int) -> None:
         """Log the sentences of one request whose start only was translated."""
@@ -230,9 +219,10 @@ class TranslationService:
                     "translated (%s)", route, len(indices), n_sentences, limit, limit - 1, where)
 
     def _options(self, given: Mapping[str, Any], allowed: list[dataclasses.Field],
-                 n_best: Optional[int] = None) -> DecodingConfig:
-        """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits;
-        `n_best`, if given, is the service's own choice (the request may not set it)."""
+                 n_best: Optional[int] = None) -> ResolvedOptions:
+        """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits,
+        the target language resolved (the request's only resolution); `n_best`, if given, is the service's own choice
+        (the request may not set it)."""
         unknown = [name for name in given if name not in {f.name for f in allowed}]
         if unknown:
             raise RequestError(422, unknown[0], "unknown option")
@@ -245,17 +235,22 @@ class TranslationService:
                                f"{samples}")
         values = dict(given) if n_best is None else {**given, "n_best": n_best}
         try:
-            return self.translator.decoding_options(**values)
+            return self.translator.resolve_options(**values)
         except ConfigError as err:
             raise RequestError(422, err.key and err.key.removeprefix("decoding."), err.detail) from None
 
-    def _check_written_language(self, sentences: list[str], decoding: DecodingConfig) -> None:
-        """A multilingual model's sentence starting with another language's token (`>>deu<<`) than tgt_lang is
-        refused here, before batching, so that it cannot fail the requests decoded with it."""
+    def _request(self, sentences: list[str], options: ResolvedOptions, prefix: Optional[list[Optional[str]]],
+                 one: bool = False) -> TranslationRequest:
+        """The resolved request (`Translator.request`) that goes into the batch; a prefix too long for the model or a
+        sentence starting with another language's token (`>>deu<<`) than tgt_lang is refused here, before batching,
+        so that it cannot fail the requests decoded with it."""
         try:
-            self.translator.without_language_token(sentences, decoding.tgt_lang)
+            return self.translator.request(sentences, options, prefix)
+        except OptionError as err:
+            raise RequestError(422, "prefix", str(err)) from None
         except WrittenLanguageError as err:  # tgt_lang itself was checked with the other options
-            raise RequestError(422, "text" if len(sentences) == 1 else f"text[{err.sentence}]", err.detail) from None
+            raise RequestError(422, "text" if one or len(sentences) == 1 else f"text[{err.sentence}]",
+                               err.detail) from None
 
     def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
         """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
@@ -275,6 +270,12 @@ class TranslationService:
                                    "(serve --max-chars)")
             _check_encodable(sentence, where)
         return sentences
+
+
+def _one(languages: Any) -> Optional[str]:
+    """The language of every corpus on one side, or None when they differ (a multilingual model)."""
+    distinct = set(languages)
+    return distinct.pop() if len(distinct) == 1 else None
 
 
 def _check_encodable(text: str, where: str) -> None:

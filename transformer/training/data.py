@@ -15,7 +15,7 @@ from typing import Optional, Union
 import numpy as np
 
 from ..config import Config, ConfigError, DataConfig, check_trainable
-from ..config.languages import for_direction, language_pairs, language_tokens
+from ..config.languages import Corpus, reserved_pieces
 from ..data import DataError, EncodedPairs, get_token_cache, load_split, open_split, token_batches
 from ..data.mixing import MixedPairs, direction_shares, mix_directions
 from ..data.subword_sampling import SAMPLES_FOLDER, SampledEpochs
@@ -27,13 +27,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ValidationSet:
-    """The validation split, encoded in memory, with its raw references for BLEU."""
+    """The validation split of every corpus of a run, encoded in memory, one corpus after the other, with the raw
+    references for BLEU."""
 
     pairs: EncodedPairs
     references: list[str]
-    directions: list[tuple[str, int, int]] = field(default_factory=list)
-    """A multilingual run: per direction ("de-en"), the range [start, end) of its pairs in `pairs` and
-    `references` (its sources start with its target's token); empty for a bilingual run."""
+    corpora: list[tuple[Corpus, int, int]] = field(default_factory=list)
+    """Per corpus, the range [start, end) of its pairs in `pairs` and `references` (its sources start with its
+    marks: a multilingual run's target-language token)."""
 
 
 def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] = None) -> Tokenizer:
@@ -57,25 +58,16 @@ def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] 
         if tokenizer is None:
             given.save(run_dir, data.src_lang, data.tgt_lang)
         tokenizer = given
-    elif tokenizer is None and data.directions:
-        tokenizer = train_tokenizer(multilingual_sample(data, config.training.seed), [], data,
-                                    symbols=tuple(language_tokens(data)))
-        for path in tokenizer.save(run_dir, data.src_lang, data.tgt_lang):
-            logger.info("saved sentencepiece model %s (with the language tokens %s)", path,
-                        " ".join(language_tokens(data)))
     elif tokenizer is None:
-        source = open_split(data, data.train_split)
-        n_pairs = len(source)
-        per_model = -(-data.spm_max_sentences // 2) if data.joint_vocab else data.spm_max_sentences
-        src, tgt = source.sample(per_model, config.training.seed)
-        logger.info("sentencepiece sample: %d of %d training pairs from %s%s", len(src), n_pairs, source.origin,
-                    f" (data.spm_max_sentences={data.spm_max_sentences})" if len(src) < n_pairs else "")
-        for s, t in list(zip(src, tgt))[:2]:
-            logger.info("example pair  %s: %s  ->  %s: %s", data.src_lang, s, data.tgt_lang, t)
-        tokenizer = train_tokenizer(src, tgt, data)
-        del src, tgt
+        reserved = reserved_pieces(data)
+        if data.joint_vocab:  # one model: every language's sentences, the corpora's marks whole pieces
+            tokenizer = train_tokenizer(joint_sample(data, config.training.seed), [], data, symbols=tuple(reserved))
+        else:  # a model per side: one source and one target language (languages.check_directions)
+            tokenizer = train_tokenizer(*_sample(data.corpora[0].section(data), data.spm_max_sentences,
+                                                 config.training.seed), data)
         for path in tokenizer.save(run_dir, data.src_lang, data.tgt_lang):
-            logger.info("saved sentencepiece model %s", path)
+            logger.info("saved sentencepiece model %s%s", path,
+                        f" (with the reserved pieces {' '.join(reserved)})" if reserved else "")
     else:
         logger.info("reusing the sentencepiece model(s) in %s", run_dir)
     if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size,
@@ -85,25 +77,38 @@ def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] 
     return tokenizer
 
 
-def multilingual_sample(data: DataConfig, seed: int) -> list[str]:
-    """The sentencepiece sample of a multilingual run: data.spm_max_sentences / (number of languages) random
-    sentences of each language, from the training split of the first direction that has it (so every language
-    weighs the same, and English text shared by several directions is not sampled twice)."""
-    languages = list(dict.fromkeys(lang for pair in language_pairs(data) for lang in pair))
+def joint_sample(data: DataConfig, seed: int) -> list[str]:
+    """The sentencepiece sample of a joint vocabulary: data.spm_max_sentences / (number of languages) random
+    sentences of each language, taken from the training split of the first corpus that has it (so every language
+    weighs the same, and English text shared by several directions is not sampled twice); each corpus is sampled
+    once, with `seed`."""
+    languages = list(dict.fromkeys(lang for c in data.corpora for lang in (c.src_lang, c.tgt_lang)))
     per_language = -(-data.spm_max_sentences // len(languages))
+    samples: dict[Corpus, tuple[list[str], list[str]]] = {}
     texts: list[str] = []
     for lang in languages:
-        direction = next(f"{s}-{t}" for s, t in language_pairs(data) if lang in (s, t))
-        source = open_split(for_direction(data, direction), data.train_split)
-        src, tgt = source.sample(per_language, seed)
-        texts += src if direction.startswith(f"{lang}-") else tgt
-        logger.info("sentencepiece sample: %d %s sentences of %d from %s", len(src), lang, len(source), source.origin)
+        corpus = next(c for c in data.corpora if lang in (c.src_lang, c.tgt_lang))
+        if corpus not in samples:
+            samples[corpus] = _sample(corpus.section(data), per_language, seed)
+        src, tgt = samples[corpus]
+        texts += src if corpus.src_lang == lang else tgt
     return texts
 
 
+def _sample(data: DataConfig, n_pairs: int, seed: int) -> tuple[list[str], list[str]]:
+    """Both sides of `n_pairs` random training pairs of the data section of one corpus, drawn with `seed`."""
+    source = open_split(data, data.train_split)
+    src, tgt = source.sample(n_pairs, seed)
+    logger.info("sentencepiece sample: %d of %d training pairs from %s%s", len(src), len(source), source.origin,
+                f" (data.spm_max_sentences={data.spm_max_sentences})" if len(src) < len(source) else "")
+    for s, t in list(zip(src, tgt))[:2]:
+        logger.info("example pair  %s: %s  ->  %s: %s", data.src_lang, s, data.tgt_lang, t)
+    return src, tgt
+
+
 def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
-    """The validation split, encoded (all pairs, none dropped); of a multilingual run, every direction's, one after
-    the other, each source after its target's token.
+    """The validation split of every corpus, encoded (all pairs, none dropped), one corpus after the other, each
+    source after the corpus's marks (`Tokenizer.source_prefix`).
 
     Raises:
         DataError: missing, misaligned or empty files.
@@ -112,24 +117,23 @@ def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
     src: list[list[int]] = []
     tgt: list[list[int]] = []
     references: list[str] = []
-    directions = []
-    for direction in data.directions or [None]:
-        view = data if direction is None else for_direction(data, direction)
-        corpus = load_split(view, data.valid_split)
-        logger.info("valid: %d pairs from %s", len(corpus), corpus.origin)
-        prefix = tokenizer.source_prefix(view)
-        directions.append((direction, len(references), len(references) + len(corpus)))
-        src += [prefix + ids for ids in tokenizer.encode_src(corpus.src)]
-        tgt += tokenizer.encode_tgt(corpus.tgt)
-        references += corpus.tgt
-    return ValidationSet(EncodedPairs.from_lists(src, tgt), references, directions if data.directions else [])
+    corpora = []
+    for corpus in data.corpora:
+        split = load_split(corpus.section(data), data.valid_split)
+        logger.info("valid: %d pairs from %s", len(split), split.origin)
+        prefix = tokenizer.source_prefix(corpus)
+        corpora.append((corpus, len(references), len(references) + len(split)))
+        src += [prefix + ids for ids in tokenizer.encode_src(split.src)]
+        tgt += tokenizer.encode_tgt(split.tgt)
+        references += split.tgt
+    return ValidationSet(EncodedPairs.from_lists(src, tgt), references, corpora)
 
 
 def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = None,
                  tokenizer: Optional[Tokenizer] = None
-                 ) -> tuple[Tokenizer, Union[EncodedPairs, list[EncodedPairs]], Optional[ValidationSet]]:
-    """Tokenizer (`tokenizer` if given: fine-tuning), training pairs (memory-mapped token cache; of a multilingual
-    run, one per direction, in the order of data.directions) and validation set of a run.
+                 ) -> tuple[Tokenizer, list[EncodedPairs], Optional[ValidationSet]]:
+    """Tokenizer (`tokenizer` if given: fine-tuning), training pairs (a memory-mapped token cache per corpus, in the
+    order of data.corpora) and validation set of a run.
 
     Every process calls this; the collectives inside order the work as the module docstring says.
 
@@ -156,16 +160,16 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
     if not dist.is_main:
         tokenizer = prepare_tokenizer(config, run_dir, given)
     caches = []
-    for direction in config.data.directions or [None]:
-        view = config.data if direction is None else for_direction(config.data, direction)
-        train = get_token_cache(view, config.data.train_split, tokenizer, build=dist.local_rank == 0)
+    for corpus in config.data.corpora:
+        train = get_token_cache(corpus.section(config.data), config.data.train_split, tokenizer,
+                                build=dist.local_rank == 0)
         logger.info("train%s: %d pairs (%d source + %d target tokens, eos included on both sides)",
-                    f" {direction}" if direction else "", len(train), int(train.src_lengths.sum()),
+                    f" {corpus.name}" if corpus.name else "", len(train), int(train.src_lengths.sum()),
                     int(train.tgt_lengths.sum()))
         if dist.is_main:
             report_unknown_characters(config.data, train)
         caches.append(train)
-    return tokenizer, caches if config.data.directions else caches[0], valid
+    return tokenizer, caches, valid
 
 
 def report_unknown_characters(data: DataConfig, train: EncodedPairs) -> None:
@@ -208,48 +212,48 @@ class CacheEpochs:
 
 
 class MixedEpochs:
-    """The epochs of a multilingual run: each direction's pairs of the epoch (`CacheEpochs` or `SampledEpochs`)
-    mixed by temperature sampling (`data/mixing.py`), fixed by training.seed and the epoch."""
+    """The epochs of a run: each corpus's pairs of the epoch (`CacheEpochs` or `SampledEpochs`) mixed by temperature
+    sampling (`data/mixing.py`), fixed by training.seed and the epoch; a run of one corpus has nothing to mix, and
+    its epoch is that corpus's pairs as they are (the batches shuffle them)."""
 
-    def __init__(self, directions: list[Union[CacheEpochs, SampledEpochs]], data: DataConfig, seed: int) -> None:
-        self.directions, self.temperature, self.seed = directions, data.direction_temperature, seed
-        self.sizes = [len(d) for d in directions]
+    def __init__(self, corpora: list[Union[CacheEpochs, SampledEpochs]], data: DataConfig, seed: int) -> None:
+        self.corpora, self.temperature, self.seed = corpora, data.direction_temperature, seed
+        self.sizes = [len(c) for c in corpora]
         shares = direction_shares(self.sizes, self.temperature)
-        logger.info("directions mixed with temperature %g: pairs per epoch %s", self.temperature, ", ".join(
-            f"{d} {int(n)} of {size}" for d, n, size in zip(data.directions, shares, self.sizes)))
+        if len(corpora) > 1:
+            logger.info("directions mixed with temperature %g: pairs per epoch %s", self.temperature, ", ".join(
+                f"{c.name} {int(n)} of {size}" for c, n, size in zip(data.corpora, shares, self.sizes)))
 
     def __len__(self) -> int:
         return sum(self.sizes)
 
-    def epoch(self, epoch: int) -> MixedPairs:
-        return mix_directions([d.epoch(epoch) for d in self.directions], self.sizes, self.temperature, self.seed,
-                              epoch)
+    def epoch(self, epoch: int) -> Union[EncodedPairs, MixedPairs]:
+        parts = [c.epoch(epoch) for c in self.corpora]
+        if len(parts) == 1:
+            return parts[0]
+        return mix_directions(parts, self.sizes, self.temperature, self.seed, epoch)
 
     def prefetch(self, epoch: int) -> None:
-        for direction in self.directions:
-            direction.prefetch(epoch)
+        for corpus in self.corpora:
+            corpus.prefetch(epoch)
 
     def close(self) -> None:
-        for direction in self.directions:
-            direction.close()
+        for corpus in self.corpora:
+            corpus.close()
 
 
-def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer,
-                    cache: Union[EncodedPairs, list[EncodedPairs]], dist: Optional[Distributed] = None
-                    ) -> Union[CacheEpochs, SampledEpochs, MixedEpochs]:
-    """The training pairs of each epoch (`.epoch(e)`): the token cache, or with data.subword_sampling a fresh
-    sample for every epoch after the first (`data/subword_sampling.py`; local rank 0 of each machine builds them);
-    of a multilingual run (`cache`: one per direction), the directions' mixed (`MixedEpochs`)."""
+def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, caches: list[EncodedPairs],
+                    dist: Optional[Distributed] = None) -> MixedEpochs:
+    """The training pairs of each epoch (`.epoch(e)`): per corpus (`caches`: its token cache), the token cache, or
+    with data.subword_sampling a fresh sample for every epoch after the first (`data/subword_sampling.py`; local rank
+    0 of each machine builds them); the corpora mixed (`MixedEpochs`)."""
     data = config.data
-    if data.directions:
-        return MixedEpochs([_epochs(config, run_dir, tokenizer, part, dist, for_direction(data, direction),
-                                    direction) for direction, part in zip(data.directions, cache)],
-                           data, config.training.seed)
-    return _epochs(config, run_dir, tokenizer, cache, dist, data)
+    return MixedEpochs([_epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
+                        for corpus, cache in zip(data.corpora, caches)], data, config.training.seed)
 
 
 def _epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: EncodedPairs, dist: Optional[Distributed],
-            data: DataConfig, name: str = "") -> Union[CacheEpochs, SampledEpochs]:
+            data: DataConfig, name: str) -> Union[CacheEpochs, SampledEpochs]:
     if not data.subword_sampling:
         return CacheEpochs(cache)
     dist = dist or Distributed()

@@ -27,7 +27,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..config import Config, ConfigError, TransformerConfig, config_from_dict
-from ..config.languages import language_token, target_languages
+from ..config.languages import language_tokens, target_languages
 from ..engines import load_model
 from ..tokenizer import Tokenizer, TokenizerError
 
@@ -140,28 +140,30 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
 
 
 def _check_languages(config: Config, source: InitSource, where: str) -> None:
-    """A multilingual source fine-tuned on one direction or a new mix keeps its language tokens: the run must list
-    data.directions (not src_lang/tgt_lang alone, which would train without the token), and each target language
-    needs its token in the source's vocabulary (a new one is not added: the weights have no row for it).
+    """A source whose sources carry language tokens (a multilingual model, fine-tuned on one direction or a new mix)
+    keeps them: the run's corpora must carry them too (data.directions, not src_lang/tgt_lang alone, which would
+    train without the token), and each of the run's tokens must be a piece of the source's vocabulary (a new one is
+    not added: the weights have no row for it).
 
     Raises:
         ConfigError (data.directions): either refusal, naming the source's languages.
     """
-    theirs = source.config.data.directions
-    if theirs and not config.data.directions:
-        raise ConfigError(f"{where}: --init-from {source.path} is a multilingual model ({', '.join(theirs)}): set "
+    theirs, ours = language_tokens(source.config.data), language_tokens(config.data)
+    if theirs and not ours:
+        directions = ", ".join(corpus.direction for corpus in source.config.data.corpora)
+        raise ConfigError(f"{where}: --init-from {source.path} is a multilingual model ({directions}): set "
                           f"data.directions (e.g. [{config.data.src_lang}-{config.data.tgt_lang}]) so that its "
                           "sources keep their target-language token", key="data.directions")
     if source.tokenizer is None:  # --resume: the run's own checkpoint was checked when it started
         return
-    for tgt in target_languages(config.data) if config.data.directions else []:
+    for corpus in config.data.corpora:
         try:
-            source.tokenizer.token_id(language_token(tgt))
+            source.tokenizer.source_prefix(corpus)
         except TokenizerError:
             have = ", ".join(target_languages(source.config.data)) if theirs else "none (a bilingual model)"
-            raise ConfigError(f"{where}: data.directions: --init-from {source.path} has no {language_token(tgt)} "
-                              f"token in its vocabulary, so it cannot learn to translate into {tgt}; its target "
-                              f"languages: {have}", key="data.directions") from None
+            raise ConfigError(f"{where}: data.directions: --init-from {source.path} has no {corpus.language_token} "
+                              f"token in its vocabulary, so it cannot learn to translate into {corpus.tgt_lang}; its "
+                              f"target languages: {have}", key="data.directions") from None
 
 
 def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, init_from: Optional[str],

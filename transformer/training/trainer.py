@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 import torch
@@ -40,14 +40,13 @@ from tqdm import tqdm
 
 from ..config import Config, ConfigError, save_config
 from ..data import Batch
-from ..data.subword_sampling import SampledEpochs
 from ..device import resolve_device, resolve_precision
 from ..fast.compiled import uncompiled
 from ..fast.dropout import use_fast_cpu_dropout
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
-from .data import CacheEpochs, ValidationSet, epoch_batches, prepare_data, training_epochs
+from .data import MixedEpochs, ValidationSet, epoch_batches, prepare_data, training_epochs
 from .distributed import Distributed, data_parallel, init_distributed
 from .init_from import InitSource
 from .loss import LossComputation, batch_loss
@@ -273,7 +272,7 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     scaler: Optional[torch.amp.GradScaler]
     tokenizer: Tokenizer
-    train_data: Union[CacheEpochs, SampledEpochs]
+    train_data: MixedEpochs
     """The training pairs of each epoch (`.epoch(e)`): the token cache, or a subword sample per epoch."""
     valid_data: Optional[ValidationSet]
     """None on every process but rank 0."""

@@ -12,7 +12,6 @@ from typing import Any, Optional
 import torch
 
 from ..config import Config
-from ..config.languages import parse_direction
 from ..engines import PyTorchEngine
 from ..evaluate import corpus_scores
 from ..model import Transformer
@@ -33,9 +32,9 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
     Returns:
         {"loss", "nll", "ppl", "bleu", "chrf", "bleu_signature", "n_sentences", "hypotheses", "hypothesis_ids"}:
         loss and nll per target token; the greedy translations of the scored sentences (texts, and token ids
-        without bos/eos), in order. A multilingual run (`valid.directions`) scores each direction's first
-        `data.valid_max_sentences` (all if 0) against its own references: "bleu" and "chrf" are then the means over
-        the directions, and "directions" maps each ("de-en") to its {"bleu", "chrf", "n_sentences"}.
+        without bos/eos), in order. Each corpus (`valid.corpora`) has its first `data.valid_max_sentences` (all if
+        0) scored against its own references: "bleu" and "chrf" are the means over the corpora, and a multilingual
+        run's "directions" maps each named corpus ("de-en") to its {"bleu", "chrf", "n_sentences"}.
     """
     model.eval()
     total_loss = total_nll = 0.0
@@ -47,33 +46,31 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
         loss, nll = batch_loss(loss_module, batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
-    directions = valid.directions or [(None, 0, len(pairs))]
     chosen = [range(start, min(end, start + config.data.valid_max_sentences) if config.data.valid_max_sentences
-                    else end) for _, start, end in directions]
+                    else end) for _, start, end in valid.corpora]
     translator = Translator(PyTorchEngine(model, tokenizer, config, device))
     greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
     hyps = translator.decode_ids([pairs.src(i).tolist() for r in chosen for i in r], greedy, scores=False)  # BLEU only
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
-    per_direction, done = {}, 0
-    for (direction, _, _), indices in zip(directions, chosen):
-        tgt_lang = config.data.tgt_lang if direction is None else parse_direction(direction)[1]
-        per_direction[direction] = corpus_scores(texts[done:done + len(indices)],
-                                                 [valid.references[i] for i in indices], tgt_lang)
+    per_corpus, done = {}, 0
+    for (corpus, _, _), indices in zip(valid.corpora, chosen):
+        per_corpus[corpus] = corpus_scores(texts[done:done + len(indices)], [valid.references[i] for i in indices],
+                                           corpus.tgt_lang)
         done += len(indices)
-    scores = next(iter(per_direction.values()))
+    scores = list(per_corpus.values())
     nll = total_nll / n_tokens
-    result = {"loss": total_loss / n_tokens, "nll": nll, "ppl": math.exp(min(nll, 50)), "bleu": scores.bleu,
-              "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
-              "n_sentences": len(texts), "hypotheses": texts, "hypothesis_ids": [list(h[0].tokens) for h in hyps]}
-    if valid.directions:  # the mean over the directions picks best.pt and drives early stopping
-        result["bleu"] = sum(s.bleu for s in per_direction.values()) / len(per_direction)
-        result["chrf"] = sum(s.chrf for s in per_direction.values()) / len(per_direction)
-        result["directions"] = {d: {"bleu": s.bleu, "chrf": s.chrf, "n_sentences": s.n_sentences}
-                                for d, s in per_direction.items()}
-        for d, s in per_direction.items():
-            logger.info("valid %s: BLEU %.2f chrF %.2f (%d sentences)", d, s.bleu, s.chrf, s.n_sentences)
-        logger.info("valid: mean of %d directions BLEU %.2f chrF %.2f", len(per_direction), result["bleu"],
-                    result["chrf"])
+    # the mean over the corpora picks best.pt and drives early stopping
+    result = {"loss": total_loss / n_tokens, "nll": nll, "ppl": math.exp(min(nll, 50)),
+              "bleu": sum(s.bleu for s in scores) / len(scores), "chrf": sum(s.chrf for s in scores) / len(scores),
+              "bleu_signature": scores[0].bleu_signature, "n_sentences": len(texts), "hypotheses": texts,
+              "hypothesis_ids": [list(h[0].tokens) for h in hyps]}
+    named = {corpus.name: s for corpus, s in per_corpus.items() if corpus.name}  # a multilingual run's directions
+    if named:
+        result["directions"] = {name: {"bleu": s.bleu, "chrf": s.chrf, "n_sentences": s.n_sentences}
+                                for name, s in named.items()}
+        for name, s in named.items():
+            logger.info("valid %s: BLEU %.2f chrF %.2f (%d sentences)", name, s.bleu, s.chrf, s.n_sentences)
+        logger.info("valid: mean of %d directions BLEU %.2f chrF %.2f", len(named), result["bleu"], result["chrf"])
     return result
 
 
