@@ -91,7 +91,7 @@ def test_server_fields(checkpoint, lines):
     from transformer.serve import create_app
 
     translator = Translator.from_checkpoint(checkpoint)
-    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as client:
         body = {"text": lines[:3], "sampling": True, "n_best": 2, "seed": 5, "top_k": 10}
         response = client.post("/translate", json=body)
         assert response.status_code == 200, response.text
@@ -150,7 +150,7 @@ def test_prefixes_from_the_api_the_cli_the_server_and_ctranslate2(checkpoint, li
 
     from transformer.serve import create_app
 
-    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as client:
         body = client.post("/translate", json={"text": lines[:3], "prefix": prefixes[:3], "beam_size": 4}).json()
         assert body["translations"] == out[:3]
         response = client.post("/translate", json={"text": lines[:3], "prefix": ["A"]})
@@ -214,7 +214,7 @@ def test_server_alignments(checkpoint, lines):
     from transformer.serve import create_app
 
     translator = Translator.from_checkpoint(checkpoint)
-    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as client:
         body = client.post("/translate", json={"text": lines[:2], "alignment": True}).json()
         assert body["alignments"] == [[list(p) for p in pairs]
                                       for pairs in translator.align(lines[:2], body["translations"])]

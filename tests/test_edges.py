@@ -163,7 +163,7 @@ def test_attention_decodes_alike_in_the_cli_and_the_server(checkpoint, translato
     assert translator.config.decoding.beam_size > 1  # the checkpoint's default is a beam: attention is greedy
     assert main(["attention", "--checkpoint", str(checkpoint), lines[3], "--out", str(tmp_path / "a.json")]) == 0
     cli = json.loads((tmp_path / "a.json").read_text())
-    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as client:
         served = client.post("/attention", json={"text": lines[3]}).json()
     assert served["translation"] == cli["translation"] == translator.translate([lines[3]], beam_size=1)[0]
     assert torch.allclose(torch.tensor(served["cross"]), torch.tensor(cli["cross"]), atol=1e-5)

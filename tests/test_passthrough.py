@@ -96,12 +96,12 @@ def test_the_server_copies_too(translator, trained_run):
 
     from transformer.serve.app import create_app
 
-    with TestClient(create_app(translator, checkpoint=str(trained_run / "checkpoints" / "best.pt"))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(trained_run / "checkpoints" / "best.pt")])) as client:
         response = client.post("/translate", json={"text": [f"Zwei Hunde {SPANS[0]} spielen im Schnee.", "Ein Hund."]})
     assert response.status_code == 200, response.text
     first, second = response.json()["translations"]
     assert first.count(SPANS[0]) == 1 and SPANS[0] not in second
-    with TestClient(create_app(translator, checkpoint=str(trained_run / "checkpoints" / "best.pt"))) as client:
+    with TestClient(create_app(translator, checkpoints=[str(trained_run / "checkpoints" / "best.pt")])) as client:
         response = client.post("/translate", json={"text": f"Zwei Hunde {SPANS[0]} spielen.", "copy_unknown": False})
     assert response.status_code == 200 and SPANS[0] not in response.json()["translations"][0], response.text
 

@@ -34,7 +34,7 @@ def translator(checkpoint) -> Translator:
 
 @pytest.fixture(scope="module")
 def client(translator, checkpoint):
-    with TestClient(create_app(translator, checkpoint=str(checkpoint))) as c:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as c:
         yield c
 
 
@@ -199,7 +199,7 @@ def test_bodies_that_are_not_text_get_a_json_4xx_naming_the_field(client, path, 
 
 
 def test_unknown_paths_and_methods_and_server_faults_answer_json(translator, checkpoint, monkeypatch):
-    with TestClient(create_app(translator, checkpoint=str(checkpoint)), raise_server_exceptions=False) as c:
+    with TestClient(create_app(translator, checkpoints=[str(checkpoint)]), raise_server_exceptions=False) as c:
         assert c.get("/nowhere").json()["field"] == "path"
         assert c.get("/translate").status_code == 405 and c.get("/translate").json()["field"] == "method"
         monkeypatch.setattr(translator, "translate_n_best", lambda *a, **k: 1 / 0)
@@ -218,7 +218,7 @@ def test_a_compiled_translator_warmed_up_serves_the_eager_outputs_without_compil
     compiled.warm_up()
     graphs = compiled_graphs()
     assert graphs - before >= 2  # greedy's step and beam search's
-    with TestClient(create_app(compiled, checkpoint=str(checkpoint))) as c:
+    with TestClient(create_app(compiled, checkpoints=[str(checkpoint)])) as c:
         assert c.get("/health").json()["model"]["compile"] is True
         for text, beam_size in ((SENTENCES, 1), (SENTENCES, 4), ([SENTENCES[2]], 1), ([SENTENCES[1]], 5)):
             body = c.post("/translate", json={"text": text, "beam_size": beam_size}).json()

@@ -87,7 +87,7 @@ def engine(tokenizer) -> EchoEngine:
 
 @pytest.fixture
 def service(engine) -> TranslationService:
-    return TranslationService(Translator(engine), checkpoint="/models/echo.pt", limits=ServeLimits(max_beam_size=8))
+    return TranslationService(Translator(engine), checkpoints=["/models/echo.pt"], limits=ServeLimits(max_beam_size=8))
 
 
 def _run(service: TranslationService, *calls):

@@ -408,7 +408,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from .serve import ServeLimits, run_server
+        from .serve import ServeLimits, ServeSettings, run_server
     except ImportError as err:
         print(f"error: serve needs FastAPI and uvicorn: pip install 'transformer-nmt[serve]' ({err})", file=sys.stderr)
         return 2
@@ -422,10 +422,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           "must be >= 0")
     limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_beam_size=args.max_beam_size,
                          max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout)
-    run_server(args.checkpoint, host=args.host, port=args.port, device=args.device, threads=args.threads,
-               limits=limits, max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
-               access_log=not args.no_access_log, quantization=args.quantization, compile=args.compile,
-               shutdown_timeout_s=args.shutdown_timeout)
+    run_server(ServeSettings(tuple(args.checkpoint), host=args.host, port=args.port, device=args.device,
+                             threads=args.threads, quantization=args.quantization, compile=args.compile, limits=limits,
+                             max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
+                             access_log=not args.no_access_log, shutdown_timeout_s=args.shutdown_timeout))
     return 0
 
 

@@ -29,7 +29,7 @@ def test_a_run_is_a_list_of_corpora_made_once_from_either_form():
     assert target_languages(bilingual) == ["cs"]
     assert "corpora" not in config_from_dict({"model": {}, "data": {"path": "d"}}).to_dict()["data"]  # derived
     with pytest.raises(ValueError, match="Corpus.section"):
-        data.corpus
+        _ = data.corpus
     tagged = Corpus("en", "de", "bt", ">>deu<<", tag="<bt>")  # a later corpus kind: its tag follows the token
     assert tagged.source_pieces == (">>deu<<", "<bt>") and tagged.section(data).corpus == tagged
 

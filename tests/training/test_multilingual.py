@@ -381,3 +381,35 @@ def test_fine_tuning_a_multilingual_model_keeps_its_language_tokens(multilingual
         assert run(name, **data) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_the_target_language_is_resolved_once_per_request_where_it_enters(multilingual_run, tmp_path, monkeypatch,
+                                                                          capsys):
+    """One `resolve_target` per served /translate (with an alignment), per CLI run of a line with --alignment and per
+    `evaluate`: what enters is resolved once, and translation, alignment and attention take the result."""
+    import transformer.request as request_module
+
+    calls = []
+    resolve = request_module.resolve_target
+    monkeypatch.setattr(request_module, "resolve_target", lambda *a: calls.append(a) or resolve(*a))
+    best = multilingual_run / "checkpoints" / "best.pt"
+    service = TranslationService(Translator.from_checkpoint(best))
+
+    async def serve():
+        service.start()
+        try:
+            return await service.translate([">>b<< ka ke ki", "ko ku"], {"tgt_lang": "b"}, alignment=True)
+        finally:
+            await service.stop()
+    answer = asyncio.run(serve())
+    assert answer["translations"] == ["pa pe pi", "po pu"] and answer["alignments"][0] == [[0, 0], [1, 1], [2, 2]]
+    assert len(calls) == 1
+    calls.clear()
+    assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", "--alignment", "ka ke ki"]) == 0
+    assert capsys.readouterr().out == "pa pe pi\t0-0 1-1 2-2\n" and len(calls) == 1
+    calls.clear()
+    (tmp_path / "src.txt").write_text("ka ke ki\nko ku\n")
+    (tmp_path / "ref.txt").write_text("pa pe pi\npo pu\n")
+    assert main(["evaluate", "--checkpoint", str(best), "--src", str(tmp_path / "src.txt"), "--ref",
+                 str(tmp_path / "ref.txt"), "--tgt-lang", "b"]) == 0
+    assert "chrF = 100.00" in capsys.readouterr().out and len(calls) == 1

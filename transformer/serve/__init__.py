@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING
 
 from ..lazy_imports import lazy_exports
 
-__all__ = ["RequestBatcher", "RequestError", "ServeLimits", "TranslationService", "create_app", "run_server"]
+__all__ = ["RequestBatcher", "RequestError", "ServeLimits", "ServeSettings", "TranslationService", "create_app",
+           "run_server"]
 
 _HOMES = {"RequestBatcher": ".batching", "RequestError": ".service", "ServeLimits": ".service",
-          "TranslationService": ".service", "create_app": ".app", "run_server": ".server"}
+          "ServeSettings": ".service", "TranslationService": ".service", "create_app": ".app", "run_server": ".server"}
 
 if TYPE_CHECKING:
     from .app import create_app
     from .batching import RequestBatcher
     from .server import run_server
-    from .service import RequestError, ServeLimits, TranslationService
+    from .service import RequestError, ServeLimits, ServeSettings, TranslationService
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

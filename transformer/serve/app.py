@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import logging
 import typing
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -103,14 +103,14 @@ class TranslateResponse(BaseModel):
     elapsed_ms: float
 
 
-def create_app(translator: Translator, checkpoint: str = "", limits: Optional[ServeLimits] = None,
+def create_app(translator: Translator, checkpoints: Sequence[str] = (), limits: Optional[ServeLimits] = None,
                max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> FastAPI:
     """The application around one loaded translator: each route adapts a `TranslationService` (`app.state.service`).
 
     Args:
-        translator, checkpoint, limits, max_batch_sentences, max_wait_ms: as `TranslationService`'s.
+        translator, checkpoints, limits, max_batch_sentences, max_wait_ms: as `TranslationService`'s.
     """
-    service = TranslationService(translator, checkpoint, limits, max_batch_sentences, max_wait_ms)
+    service = TranslationService(translator, checkpoints, limits, max_batch_sentences, max_wait_ms)
     app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=_running,
                   description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
     app.state.service = service

@@ -19,61 +19,41 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 from ..config import ConfigError
 from ..translate import Translator
 from .app import create_app, error_body
-from .service import ServeLimits
+from .service import ServeSettings
 
 
-def run_server(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
-               threads: int = 0,
-               limits: Optional[ServeLimits] = None, max_batch_sentences: int = 0, max_wait_ms: float = 5.0,
-               access_log: bool = True, quantization: Optional[str] = None,
-               compile: bool = False, shutdown_timeout_s: float = 30.0) -> None:
-    """Load `checkpoint` (`Translator.from_checkpoint`: a .pt file, a MarianMT folder, an exported CTranslate2
-    folder, or several paths: an ensemble) and serve it until interrupted.
-
-    Args:
-        host: interface to bind; 127.0.0.1 (the default) is reachable from this machine only.
-        port: TCP port.
-        device: where to decode (cpu, cuda, cuda:N, mps, auto).
-        threads: torch CPU threads (0: torch's default, one per core).
-        limits: per-request limits (default: `ServeLimits()`).
-        max_batch_sentences: sentences collected into one decoding call (0: the checkpoint's decoding.batch_size).
-        max_wait_ms: how long to collect concurrent requests after the first (milliseconds).
-        access_log: log one line per request (uvicorn's access log).
-        quantization: None or "int8" (see `engines.open_engine`).
-        compile: decode with the compiled step (`Translator.from_checkpoint(..., compile=True)`), compiled before the
-            server starts answering (`Translator.warm_up`, 20-60 s), so that no request waits for it.
-        shutdown_timeout_s: on SIGTERM or Ctrl-C, how long requests in flight may take to finish before they are
-            cancelled and their connections closed (new connections are refused at once, connections with no
-            request in flight are closed at once).
+def run_server(settings: ServeSettings) -> None:
+    """Load `settings.checkpoints` (`Translator.from_checkpoint`: a .pt file, a MarianMT folder, an exported
+    CTranslate2 folder, or several paths: an ensemble) and serve it until interrupted, as `settings` says.
 
     A connection whose request headers are not complete `limits.request_timeout_s` seconds after it opened (or after
     its previous answer) is closed. A request that is not valid HTTP/1.1 (a malformed request line or header, such
     as `Content-Length: abc`) gets 400 in the JSON form of every refusal, `"field": "headers"`, and its connection
-    is closed. On SIGTERM the server shuts down as above and returns (exit status 0).
+    is closed. On SIGTERM the server shuts down (`ServeSettings.shutdown_timeout_s`) and returns (exit status 0).
 
     Raises:
         CheckpointError, DeviceError, OptionError: the model cannot be loaded as asked.
         ConfigError: the address cannot be listened on (port in use, host not an address of this machine), checked
             before the model is loaded.
     """
-    listening = _listen(host, port)
+    listening = _listen(settings.host, settings.port)
     try:
-        if threads > 0:
-            torch.set_num_threads(threads)
-        translator = Translator.from_checkpoint(checkpoint, device=device, quantization=quantization, compile=compile)
-        if compile:
+        if settings.threads > 0:
+            torch.set_num_threads(settings.threads)
+        translator = Translator.from_checkpoint(list(settings.checkpoints), device=settings.device,
+                                                quantization=settings.quantization, compile=settings.compile)
+        if settings.compile:
             print("compiling the decoding step for greedy and beam search (about 20-60 s each) ...", file=sys.stderr,
                   flush=True)
             print(f"compiled in {translator.warm_up():.1f} s", file=sys.stderr, flush=True)
-        checkpoint = " ".join(checkpoint) if isinstance(checkpoint, list) else checkpoint
-        app = create_app(translator, checkpoint=checkpoint, limits=limits or ServeLimits(),
-                         max_batch_sentences=max_batch_sentences or None, max_wait_ms=max_wait_ms)
-        print(f"serving {checkpoint} on http://{host}:{port} (page at /, API: POST /translate, POST /attention, "
-              "GET /health)", file=sys.stderr, flush=True)
-        limits = limits or ServeLimits()
-        protocol = type("H11Serve", (_Protocol,), {"header_timeout_s": limits.request_timeout_s})
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log, http=protocol,
-                                timeout_graceful_shutdown=shutdown_timeout_s)
+        app = create_app(translator, checkpoints=settings.checkpoints, limits=settings.limits,
+                         max_batch_sentences=settings.max_batch_sentences or None, max_wait_ms=settings.max_wait_ms)
+        print(f"serving {' '.join(settings.checkpoints)} on http://{settings.host}:{settings.port} (page at /, API: "
+              "POST /translate, POST /attention, GET /health)", file=sys.stderr, flush=True)
+        protocol = type("H11Serve", (_Protocol,), {"header_timeout_s": settings.limits.request_timeout_s})
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                                access_log=settings.access_log, http=protocol,
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s)
         # uvicorn re-raises the signal that stopped it once it has shut down: a SIGTERM handled by a handler that
         # does nothing lets the command end normally (exit status 0), as a service manager expects
         previous = signal.signal(signal.SIGTERM, lambda *_: None)

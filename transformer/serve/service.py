@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,6 +54,38 @@ class ServeLimits:
     (`run_server`) bounds the headers' time by the same figure."""
 
 
+@dataclass(frozen=True)
+class ServeSettings:
+    """How `transformer serve` runs (its flags): the model, where it listens, how it decodes and batches
+    (`server.run_server`)."""
+
+    checkpoints: tuple[str, ...]
+    """What `Translator.from_checkpoint` opens: a .pt file, a MarianMT folder, a CTranslate2 folder; several: an
+    ensemble."""
+    host: str = "127.0.0.1"
+    """Interface to bind; 127.0.0.1 is reachable from this machine only."""
+    port: int = 8000
+    device: str = "cpu"
+    """Where to decode: cpu, cuda, cuda:N, mps, auto."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default, one per core)."""
+    quantization: Optional[str] = None
+    """None or "int8" (`engines.open_engine`)."""
+    compile: bool = False
+    """Decode with the compiled step, compiled before the server starts answering (`Translator.warm_up`), so that no
+    request waits for it."""
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    max_batch_sentences: int = 0
+    """Sentences collected into one decoding call (0: the checkpoint's decoding.batch_size)."""
+    max_wait_ms: float = 5.0
+    """How long to collect concurrent requests after the first (milliseconds)."""
+    access_log: bool = True
+    """Log one line per request (uvicorn's access log)."""
+    shutdown_timeout_s: float = 30.0
+    """On SIGTERM or Ctrl-C, how long requests in flight may take to finish before they are cancelled and their
+    connections closed (new connections are refused at once, connections with no request in flight closed at once)."""
+
+
 class RequestError(Exception):
     """A request the service refuses: the HTTP status to answer, the field at fault (None: the request as a whole)
     and why."""
@@ -68,14 +100,14 @@ class TranslationService:
 
     Args:
         translator: the model (any engine; /attention and alignments need one with an `attention_model`).
-        checkpoint: what `health` reports as the model's origin (paths separated by spaces).
+        checkpoints: what `health` reports as the model's origin (the paths opened; several: an ensemble).
         limits: per-request limits (default: `ServeLimits()`).
         max_batch_sentences: sentences collected into one decoding call (default: the checkpoint's
             decoding.batch_size).
         max_wait_ms: how long the batcher keeps collecting after the first waiting request (milliseconds).
 
     Attributes:
-        translator, checkpoint, limits: as given. The service reports truncated inputs itself (the answers'
+        translator, checkpoints, limits: as given. The service reports truncated inputs itself (the answers'
             `truncated` field and one log line per request naming the sentences): the translator's own warning,
             which would number the sentences of a whole decoding call, is off during the service's calls.
         batcher: the `RequestBatcher` that decodes every request's sentences; `start` and `stop` run it.
@@ -85,9 +117,10 @@ class TranslationService:
     `DecodingConfig` to its value (None: the checkpoint's default), of the field's type (`app.py` checks the types).
     """
 
-    def __init__(self, translator: Translator, checkpoint: str = "", limits: Optional[ServeLimits] = None,
+    def __init__(self, translator: Translator, checkpoints: Sequence[str] = (), limits: Optional[ServeLimits] = None,
                  max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> None:
-        self.translator, self.checkpoint, self.limits = translator, checkpoint, limits or ServeLimits()
+        self.translator, self.checkpoints = translator, list(checkpoints)
+        self.limits = limits or ServeLimits()
         self.batcher = RequestBatcher(self._translate_n_best, max_wait_ms=max_wait_ms,
                                       max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size)
         self._started = time.time()
@@ -184,7 +217,7 @@ class TranslationService:
         pairs = language_pairs(config.data)
         return {
             "status": "ok",
-            "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoint.split(" ")), "engine": engine.name,
+            "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoints), "engine": engine.name,
                       **{k: getattr(config.model, k) for k in sizes}, "parameters": engine.parameters,
                       "quantization": engine.quantization, "compile": engine.compile},
             "vocabulary": {"src_lang": _one(src for src, _ in pairs), "tgt_lang": _one(tgt for _, tgt in pairs),
