@@ -3,7 +3,12 @@
 import pytest
 
 from transformer.config import ConfigError
-from transformer.config.languages import find_language, language_token, parse_direction, token_language
+from transformer.config.languages import (
+    find_language,
+    language_token,
+    parse_direction,
+    token_language,
+)
 
 
 def test_tokens_are_opus_mt_names_and_read_back():

@@ -14,8 +14,14 @@ from .lazy_imports import lazy_exports
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "Transformer", "TransformerConfig", "Translator", "load_config"]
 
-_HOMES = {"Config": ".config", "ConfigError": ".config", "TransformerConfig": ".config", "load_config": ".config",
-          "Transformer": ".model", "Translator": ".translate"}
+_HOMES = {
+    "Config": ".config",
+    "ConfigError": ".config",
+    "TransformerConfig": ".config",
+    "load_config": ".config",
+    "Transformer": ".model",
+    "Translator": ".translate",
+}
 
 if TYPE_CHECKING:
     from .config import Config, ConfigError, TransformerConfig, load_config

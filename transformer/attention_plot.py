@@ -40,8 +40,11 @@ from .translate import Translator, source_within
 logger = logging.getLogger(__name__)
 
 KINDS = ("cross", "encoder_self", "decoder_self")
-TITLES = {"cross": "encoder-decoder attention", "encoder_self": "encoder self-attention",
-          "decoder_self": "decoder self-attention"}
+TITLES = {
+    "cross": "encoder-decoder attention",
+    "encoder_self": "encoder self-attention",
+    "decoder_self": "decoder self-attention",
+}
 
 
 class AttentionPlotError(OptionError):
@@ -53,7 +56,9 @@ ATTENTION_SEARCH = {"beam_size": 1}
 """What the translation shown differs in from the config's decoding defaults, unless options say otherwise."""
 
 
-def attention_options(translator: Translator, options: Optional[dict[str, Any]] = None) -> ResolvedOptions:
+def attention_options(
+    translator: Translator, options: Optional[dict[str, Any]] = None
+) -> ResolvedOptions:
     """The decoding of the translation whose attention is shown: the given options (`DecodingConfig` fields; None
     values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis.
 
@@ -64,7 +69,9 @@ def attention_options(translator: Translator, options: Optional[dict[str, Any]] 
     return translator.resolve_options(**{**ATTENTION_SEARCH, **given, "n_best": 1})
 
 
-def attention_for(translator: Translator, sentence: str, options: Optional[ResolvedOptions] = None) -> dict:
+def attention_for(
+    translator: Translator, sentence: str, options: Optional[ResolvedOptions] = None
+) -> dict:
     """Translate one sentence and collect every attention weight, as described in the module docstring.
 
     Args:
@@ -80,15 +87,19 @@ def attention_for(translator: Translator, sentence: str, options: Optional[Resol
         AttentionPlotError: the translator's engine has no attention to read (CTranslate2).
         WrittenLanguageError (a ConfigError): the sentence starts with another language's token than tgt_lang.
     """
-    return request_attention(translator, translator.request([sentence], options or attention_options(translator)))
+    return request_attention(
+        translator, translator.request([sentence], options or attention_options(translator))
+    )
 
 
 def request_attention(translator: Translator, request: TranslationRequest) -> dict:
     """`attention_for` of a resolved request's first sentence (`Translator.request`): the server's /attention."""
     model = translator.engine.attention_model
     if model is None:
-        raise AttentionPlotError(f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
-                                 f"{translator.engine.name} model has no attention to read")
+        raise AttentionPlotError(
+            f"attention needs our own model (a .pt checkpoint or a MarianMT folder); a "
+            f"{translator.engine.name} model has no attention to read"
+        )
     tokenizer, options = translator.tokenizer, request.options
     marks = list(options.source_prefix)  # a multilingual model's target-language token
     src_ids, truncated = source_within(marks + request.ids[0], translator.engine.max_source_len)
@@ -102,8 +113,11 @@ def request_attention(translator: Translator, request: TranslationRequest) -> di
     return {
         "translation": text,
         "truncated": truncated,
-        "src_pieces": ([tokenizer.id_to_piece(i, "src") for i in marks]
-                       + tokenizer.src_pieces(request.sentences[0].strip()))[:len(src_ids) - 1] + ["</s>"],
+        "src_pieces": (
+            [tokenizer.id_to_piece(i, "src") for i in marks]
+            + tokenizer.src_pieces(request.sentences[0].strip())
+        )[: len(src_ids) - 1]
+        + ["</s>"],
         "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
         "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
         **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},
@@ -123,17 +137,23 @@ def _labels(data: dict, kind: str) -> tuple[list[str], list[str]]:
     return data["tgt_out_pieces"], data["src_pieces"]
 
 
-def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tuple[str, ...]) -> None:
+def save_plot(
+    data: dict, out: Path, layer: int, head: Optional[int], kinds: tuple[str, ...]
+) -> None:
     """Draw heatmaps: one row per kind; every head of `layer` plus their average, or only `head`.
 
     Raises:
         AttentionPlotError: if matplotlib is not installed, or layer/head is out of range.
     """
     try:
-        from matplotlib.figure import Figure  # not pyplot: the caller's backend (a notebook's inline one) is kept
+        from matplotlib.figure import (
+            Figure,
+        )  # not pyplot: the caller's backend (a notebook's inline one) is kept
     except ImportError:
-        raise AttentionPlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' "
-                                 "(or pip install matplotlib), or use --format json") from None
+        raise AttentionPlotError(
+            "plotting needs matplotlib: pip install 'transformer-nmt[viz]' "
+            "(or pip install matplotlib), or use --format json"
+        ) from None
     n_heads = len(data["cross"][0])
     columns = [head] if head is not None else list(range(n_heads)) + ["mean"]
     fig = Figure(figsize=(2.8 * len(columns) + 1, 2.9 * len(kinds) + 0.5))
@@ -142,7 +162,9 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
         rows, cols = _labels(data, kind)
         n_layers = len(data[kind])
         if not -n_layers <= layer < n_layers:
-            raise AttentionPlotError(f"{{layer}}: the model has {n_layers} layers of {TITLES[kind]}", layer=layer)
+            raise AttentionPlotError(
+                f"{{layer}}: the model has {n_layers} layers of {TITLES[kind]}", layer=layer
+            )
         layer_weights = torch.tensor(data[kind][layer])  # (n_heads, q_len, k_len)
         for c, which in enumerate(columns):
             matrix = layer_weights.mean(0) if which == "mean" else layer_weights[which]
@@ -152,16 +174,26 @@ def save_plot(data: dict, out: Path, layer: int, head: Optional[int], kinds: tup
             ax.set_yticks(range(len(rows)), rows, fontsize=6)
             label = "mean of heads" if which == "mean" else f"head {which}"
             ax.set_title(f"{TITLES[kind]}\nlayer {layer % n_layers}, {label}", fontsize=7)
-    fig.suptitle(f"{' '.join(data['src_pieces'][:-1]).replace('▁', ' ').strip()}  →  {data['translation']}",
-                 fontsize=8)
+    fig.suptitle(
+        f"{' '.join(data['src_pieces'][:-1]).replace('▁', ' ').strip()}  →  {data['translation']}",
+        fontsize=8,
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
 
 
-def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optional[int] = None,
-        kind: str = "all", fmt: Optional[str] = None, options: Optional[dict[str, Any]] = None,
-        device: str = "cpu") -> Path:
+def run(
+    checkpoint: str,
+    sentence: str,
+    out: str,
+    layer: int = -1,
+    head: Optional[int] = None,
+    kind: str = "all",
+    fmt: Optional[str] = None,
+    options: Optional[dict[str, Any]] = None,
+    device: str = "cpu",
+) -> Path:
     """The `transformer attention` command: write a PNG/SVG/PDF (by suffix) or, with fmt="json", JSON.
 
     Args:
@@ -177,8 +209,10 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
         raise AttentionPlotError("the sentence is empty: there is no attention to show")
     translator = Translator.from_checkpoint(checkpoint, device=device)
     if translator.engine.attention_model is None:
-        raise AttentionPlotError(f"{checkpoint}: attention needs our own model (a .pt checkpoint or a MarianMT "
-                                 "folder); a CTranslate2 folder has no attention to read")
+        raise AttentionPlotError(
+            f"{checkpoint}: attention needs our own model (a .pt checkpoint or a MarianMT "
+            "folder); a CTranslate2 folder has no attention to read"
+        )
     n_heads = translator.engine.attention_model.config.n_heads
     if head is not None and not 0 <= head < n_heads:
         raise AttentionPlotError(f"{{head}}: the model has heads 0..{n_heads - 1}", head=head)
@@ -188,15 +222,20 @@ def run(checkpoint: str, sentence: str, out: str, layer: int = -1, head: Optiona
     out_path = Path(out)
     fmt = fmt or ("json" if out_path.suffix == ".json" else "image")
     if fmt == "image" and out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise AttentionPlotError("{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out)
+        raise AttentionPlotError(
+            "{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out
+        )
     data = attention_for(translator, sentence, attention_options(translator, options))
     if data["truncated"]:
-        logger.warning("the sentence is longer than the model's max_positions=%d tokens: its first %d translated and "
-                       "shown", translator.engine.max_source_len, translator.engine.max_source_len - 1)
+        logger.warning(
+            "the sentence is longer than the model's max_positions=%d tokens: its first %d translated and "
+            "shown",
+            translator.engine.max_source_len,
+            translator.engine.max_source_len - 1,
+        )
     if fmt == "json":
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(data))
     else:
         save_plot(data, out_path, layer, head, kinds)
     return out_path
-

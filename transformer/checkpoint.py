@@ -39,7 +39,9 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_file():
-        raise CheckpointError(f"{path}: exists and is not a regular file; a checkpoint is written to a file path")
+        raise CheckpointError(
+            f"{path}: exists and is not a regular file; a checkpoint is written to a file path"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, lambda f: torch.save(state, f))
 
@@ -56,42 +58,67 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             project, or holds pickled objects.
     """
     path = Path(path)
-    if path.is_dir():  # model folders (CTranslate2, MarianMT) are told apart by `engines.load_model`
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file: give a .pt file such as "
-                              "RUN/checkpoints/best.pt")
+    if (
+        path.is_dir()
+    ):  # model folders (CTranslate2, MarianMT) are told apart by `engines.load_model`
+        raise CheckpointError(
+            f"{path} is a folder, not a checkpoint file: give a .pt file such as "
+            "RUN/checkpoints/best.pt"
+        )
     if not path.is_file():
         parts = path.as_posix().split("/")
-        if len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists():  # looks like a Hub id
-            raise CheckpointError(f"{path}: checkpoint not found (if it names a Hugging Face model, download it to a "
-                                  f"folder and give that: hf download {path} --local-dir {parts[1]})")
+        if (
+            len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists()
+        ):  # looks like a Hub id
+            raise CheckpointError(
+                f"{path}: checkpoint not found (if it names a Hugging Face model, download it to a "
+                f"folder and give that: hf download {path} --local-dir {parts[1]})"
+            )
         raise CheckpointError(f"{path}: checkpoint not found")
     with open(path, "rb") as f:
         head = f.read(4)
-    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip format; its older pickle format
-        raise CheckpointError(f"{path}: not a checkpoint (a .pt file written by `transformer train` or "
-                              "`transformer average`); its first bytes are not those of a PyTorch file")
+    if (
+        head[:4] != b"PK\x03\x04" and head[:1] != b"\x80"
+    ):  # torch.save's zip format; its older pickle format
+        raise CheckpointError(
+            f"{path}: not a checkpoint (a .pt file written by `transformer train` or "
+            "`transformer average`); its first bytes are not those of a PyTorch file"
+        )
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: refused to load: besides tensors and plain data the file holds pickled "
-                              "Python objects, which could run code when loaded; it was not written by this "
-                              "project") from None
+        raise CheckpointError(
+            f"{path}: refused to load: besides tensors and plain data the file holds pickled "
+            "Python objects, which could run code when loaded; it was not written by this "
+            "project"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0][:200]  # its first sentence
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}") from None
-    if head[:4] == b"PK\x03\x04":  # torch.load does not check the zip's CRC-32s: damaged bytes would load as weights
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0][
+            :200
+        ]  # its first sentence
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}"
+        ) from None
+    if (
+        head[:4] == b"PK\x03\x04"
+    ):  # torch.load does not check the zip's CRC-32s: damaged bytes would load as weights
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
         if damaged is not None:
-            raise CheckpointError(f"{path}: corrupt: the bytes of {damaged} do not match their stored checksum "
-                                  "(damaged after it was written)")
+            raise CheckpointError(
+                f"{path}: corrupt: the bytes of {damaged} do not match their stored checksum "
+                "(damaged after it was written)"
+            )
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise CheckpointError(f"{path}: not a checkpoint of this project (no model weights and config)")
+        raise CheckpointError(
+            f"{path}: not a checkpoint of this project (no model weights and config)"
+        )
     return state
 
 
-def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu"
-                       ) -> tuple[Config, Transformer, Tokenizer]:
+def load_for_inference(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[Config, Transformer, Tokenizer]:
     """Rebuild what translation needs from one checkpoint file: its config, the model (eval mode, on map_location)
     and the tokenizer. Works for last.pt, best.pt, step_N.pt and averaged checkpoints alike (model folders:
     `engines.load_model`).
@@ -104,12 +131,15 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
         config = config_from_dict(state["config"], vocab_sizes=tuple(state["vocab_sizes"]))
         tokenizer = Tokenizer.from_dict(state["tokenizer"])
     except KeyError as err:
-        raise CheckpointError(f"{path}: not a checkpoint of this project (no {err.args[0]!r})") from None
+        raise CheckpointError(
+            f"{path}: not a checkpoint of this project (no {err.args[0]!r})"
+        ) from None
     model = Transformer(config.model)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
-        raise CheckpointError(f"{path}: the weights do not fit the checkpoint's model config: "
-                              f"{str(err).splitlines()[0][:200]}") from None
+        raise CheckpointError(
+            f"{path}: the weights do not fit the checkpoint's model config: "
+            f"{str(err).splitlines()[0][:200]}"
+        ) from None
     return config, model.to(map_location).eval(), tokenizer
-

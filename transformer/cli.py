@@ -27,35 +27,72 @@ from .tokenizer import TokenizerError
 
 logger = logging.getLogger("transformer")
 
-USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, DeviceError, AttentionPlotError, ExportError)
+USER_ERRORS = (
+    ConfigError,
+    DataError,
+    TokenizerError,
+    CheckpointError,
+    DeviceError,
+    AttentionPlotError,
+    ExportError,
+)
 
 
 def _add_decoding_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """A flag per field of `DecodingConfig` but those in `exclude` (--beam-size for beam_size, --no-copy-unknown for
     a switch that is on by default); unset flags are None and take the checkpoint config's values."""
-    group = parser.add_argument_group("decoding (defaults: the checkpoint config's decoding section)")
+    group = parser.add_argument_group(
+        "decoding (defaults: the checkpoint config's decoding section)"
+    )
     for option in option_fields(exclude):
-        flag, text, metavar = "--" + option.name.replace("_", "-"), option.metadata["help"], option.metadata["metavar"]
-        kind = option.type if isinstance(option.type, str) else option.type.__name__  # int, float, bool, Optional[str]
+        flag, text, metavar = (
+            "--" + option.name.replace("_", "-"),
+            option.metadata["help"],
+            option.metadata["metavar"],
+        )
+        kind = (
+            option.type if isinstance(option.type, str) else option.type.__name__
+        )  # int, float, bool, Optional[str]
         if kind == "bool" and option.default:
-            group.add_argument(flag.replace("--", "--no-"), dest=option.name, action="store_const", const=False,
-                               help=f"turn off (on by default): {text}")
+            group.add_argument(
+                flag.replace("--", "--no-"),
+                dest=option.name,
+                action="store_const",
+                const=False,
+                help=f"turn off (on by default): {text}",
+            )
         elif kind == "bool":
             group.add_argument(flag, action="store_const", const=True, help=text)
         else:
-            group.add_argument(flag, type={"int": int, "float": float, "Optional[str]": str}[kind], metavar=metavar,
-                               help=text)
+            group.add_argument(
+                flag,
+                type={"int": int, "float": float, "Optional[str]": str}[kind],
+                metavar=metavar,
+                help=text,
+            )
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
-    group.add_argument("--quantization", choices=["int8"],
-                       help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)")
-    group.add_argument("--workers", type=int, default=1, help="batches decoded at once, each on the CPU threads "
-                       "divided by this (CPU; 2 on 2 cores decodes a file faster, see docs/decoding.md)")
-    group.add_argument("--compile", action="store_true", help="decode with the decoder step compiled by torch.compile: "
-                       "faster after a one-time compile of 20-60 s (CPU, float32; needs a C++ compiler)")
+    group.add_argument(
+        "--quantization",
+        choices=["int8"],
+        help="int8: decode with int8 dynamically quantized linear layers (CPU; docs/decoding.md)",
+    )
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="batches decoded at once, each on the CPU threads "
+        "divided by this (CPU; 2 on 2 cores decodes a file faster, see docs/decoding.md)",
+    )
+    group.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the decoder step compiled by torch.compile: "
+        "faster after a one-time compile of 20-60 s (CPU, float32; needs a C++ compiler)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,111 +102,264 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # -v also after the subcommand (transformer translate -v ...); SUPPRESS keeps the top-level value when absent
     verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    verbose.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, parents=[verbose])
 
     train = command("train", help="train a model from a YAML config")
-    train.add_argument("--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml")
+    train.add_argument(
+        "--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml"
+    )
     train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
-    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config "
-                       "value, e.g. --set training.max_steps=200 (repeatable)")
-    train.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt")
-    train.add_argument("--init-from", metavar="SOURCE", help="fine-tune: start from the weights and tokenizer of "
-                       "this checkpoint (.pt) or MarianMT folder; the model's keys come from it")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set training.max_steps=200 (repeatable)",
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt"
+    )
+    train.add_argument(
+        "--init-from",
+        metavar="SOURCE",
+        help="fine-tune: start from the weights and tokenizer of "
+        "this checkpoint (.pt) or MarianMT folder; the model's keys come from it",
+    )
 
-    prepare = command("prepare", help="build the tokenizer and the training token cache ahead of training")
+    prepare = command(
+        "prepare", help="build the tokenizer and the training token cache ahead of training"
+    )
     prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
-    prepare.add_argument("--run-dir", help="run folder for the tokenizer (default: runs/<config name>)")
-    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="as for train")
+    prepare.add_argument(
+        "--run-dir", help="run folder for the tokenizer (default: runs/<config name>)"
+    )
+    prepare.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="as for train"
+    )
 
     average = command("average", help="average the parameters of several checkpoints (§6.1)")
     inputs = average.add_mutually_exclusive_group(required=True)
-    inputs.add_argument("--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average")
-    inputs.add_argument("--run-dir", help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run")
-    average.add_argument("--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)")
-    average.add_argument("--output", required=True, help="the averaged checkpoint (.pt; replaces an earlier average)")
+    inputs.add_argument(
+        "--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average"
+    )
+    inputs.add_argument(
+        "--run-dir",
+        help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run",
+    )
+    average.add_argument(
+        "--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)"
+    )
+    average.add_argument(
+        "--output", required=True, help="the averaged checkpoint (.pt; replaces an earlier average)"
+    )
 
     translate = command("translate", help="translate sentences (arguments, --input FILE, or stdin)")
-    translate.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint (e.g. "
-                           "RUN/checkpoints/best.pt), a folder written by `transformer export` (decoded with "
-                           "CTranslate2) or a MarianMT folder; repeated (--checkpoint A --checkpoint B): an ensemble")
-    translate.add_argument("sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin")
+    translate.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="a .pt checkpoint (e.g. "
+        "RUN/checkpoints/best.pt), a folder written by `transformer export` (decoded with "
+        "CTranslate2) or a MarianMT folder; repeated (--checkpoint A --checkpoint B): an ensemble",
+    )
+    translate.add_argument(
+        "sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin"
+    )
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="write translations here (default: stdout)")
-    translate.add_argument("--alignment", action="store_true", help="after each translation a TAB and its word "
-                           "alignment: Pharaoh i-j pairs (source word i, target word j), from the last layer")
-    translate.add_argument("--prefix-file", help="one target prefix per input line (empty: none); each translation "
-                           "starts with its prefix, then goes on freely")
-    translate.add_argument("--buffer-size", type=int, default=1000, help="lines read, decoded (sorted by length) "
-                           "and written at a time (default 1000); typed input is translated line by line")
+    translate.add_argument(
+        "--alignment",
+        action="store_true",
+        help="after each translation a TAB and its word "
+        "alignment: Pharaoh i-j pairs (source word i, target word j), from the last layer",
+    )
+    translate.add_argument(
+        "--prefix-file",
+        help="one target prefix per input line (empty: none); each translation "
+        "starts with its prefix, then goes on freely",
+    )
+    translate.add_argument(
+        "--buffer-size",
+        type=int,
+        default=1000,
+        help="lines read, decoded (sorted by length) "
+        "and written at a time (default 1000); typed input is translated line by line",
+    )
     _add_decoding_flags(translate)
     _add_engine_flags(translate)
 
-    evaluate = command("evaluate", help="translate a test set and score BLEU and chrF with sacrebleu")
+    evaluate = command(
+        "evaluate", help="translate a test set and score BLEU and chrF with sacrebleu"
+    )
     evaluate.add_argument("--checkpoint", required=True, action="append", help="as translate's")
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
-    evaluate.add_argument("--ref", nargs="+", metavar="REF",
-                          help="reference file(s), aligned with --src; several are scored as sacrebleu scores them")
-    evaluate.add_argument("--split", help="a split of the checkpoint's data section instead of --src/--ref: "
-                          "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is")
-    evaluate.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
-                          help="override the checkpoint's data section for --split, e.g. --set data.path=DIR")
-    evaluate.add_argument("--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model")
-    evaluate.add_argument("--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)")
-    evaluate.add_argument("--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)")
-    _add_decoding_flags(evaluate, exclude=("n_best",))  # BLEU scores the 1-best; n-best lists come from translate
+    evaluate.add_argument(
+        "--ref",
+        nargs="+",
+        metavar="REF",
+        help="reference file(s), aligned with --src; several are scored as sacrebleu scores them",
+    )
+    evaluate.add_argument(
+        "--split",
+        help="a split of the checkpoint's data section instead of --src/--ref: "
+        "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is",
+    )
+    evaluate.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="override the checkpoint's data section for --split, e.g. --set data.path=DIR",
+    )
+    evaluate.add_argument(
+        "--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model"
+    )
+    evaluate.add_argument(
+        "--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)"
+    )
+    evaluate.add_argument(
+        "--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)"
+    )
+    _add_decoding_flags(
+        evaluate, exclude=("n_best",)
+    )  # BLEU scores the 1-best; n-best lists come from translate
     _add_engine_flags(evaluate)
 
-    export = command("export", help="convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)")
-    export.add_argument("--checkpoint", required=True, help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a "
-                        "MarianMT folder")
-    export.add_argument("--format", default="ctranslate2", choices=["ctranslate2", "huggingface"],
-                        help="ctranslate2 (default) or huggingface: a folder for transformers.MarianMTModel")
+    export = command(
+        "export",
+        help="convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)",
+    )
+    export.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a MarianMT folder",
+    )
+    export.add_argument(
+        "--format",
+        default="ctranslate2",
+        choices=["ctranslate2", "huggingface"],
+        help="ctranslate2 (default) or huggingface: a folder for transformers.MarianMTModel",
+    )
     export.add_argument("--output", required=True, help="the model folder to write")
-    export.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type (default float32)")
+    export.add_argument(
+        "--quantization", choices=QUANTIZATIONS, help="weight type (default float32)"
+    )
     export.add_argument("--force", action="store_true", help="replace an existing output folder")
 
-    attention = command("attention", help="translate a sentence and plot (or dump) its attention weights")
-    attention.add_argument("--checkpoint", required=True, help="a .pt checkpoint or a MarianMT folder")
+    attention = command(
+        "attention", help="translate a sentence and plot (or dump) its attention weights"
+    )
+    attention.add_argument(
+        "--checkpoint", required=True, help="a .pt checkpoint or a MarianMT folder"
+    )
     attention.add_argument("sentence", help="the source sentence")
-    attention.add_argument("--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json")
-    attention.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
-    attention.add_argument("--head", type=int, help="one head only (default: every head plus their mean)")
-    attention.add_argument("--kind", default="all", choices=["all", "cross", "encoder_self", "decoder_self"],
-                           help="encoder-decoder (cross), either self-attention, or all three (default)")
-    attention.add_argument("--format", choices=["image", "json"], help="default: by the --out suffix")
-    attention.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    attention.add_argument(
+        "--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json"
+    )
+    attention.add_argument(
+        "--layer", type=int, default=-1, help="layer to show (default: the last)"
+    )
+    attention.add_argument(
+        "--head", type=int, help="one head only (default: every head plus their mean)"
+    )
+    attention.add_argument(
+        "--kind",
+        default="all",
+        choices=["all", "cross", "encoder_self", "decoder_self"],
+        help="encoder-decoder (cross), either self-attention, or all three (default)",
+    )
+    attention.add_argument(
+        "--format", choices=["image", "json"], help="default: by the --out suffix"
+    )
+    attention.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto"
+    )
     _add_decoding_flags(attention, exclude=("n_best",))  # the translation shown (default: greedy)
 
-    plot = command("plot", help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl")
-    plot.add_argument("--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs")
-    plot.add_argument("--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)")
+    plot = command(
+        "plot",
+        help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl",
+    )
+    plot.add_argument(
+        "--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs"
+    )
+    plot.add_argument(
+        "--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)"
+    )
 
-    serve = command("serve", help="serve a model over HTTP: JSON API and an attention explorer page")
-    serve.add_argument("--checkpoint", required=True, action="append", help="a .pt checkpoint, a MarianMT folder or "
-                       "an exported CTranslate2 folder (no /attention for the latter); repeated: an ensemble")
-    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    serve = command(
+        "serve", help="serve a model over HTTP: JSON API and an attention explorer page"
+    )
+    serve.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="a .pt checkpoint, a MarianMT folder or "
+        "an exported CTranslate2 folder (no /attention for the latter); repeated: an ensemble",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1: this machine only)",
+    )
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
-    serve.add_argument("--quantization", choices=["int8"], help="int8: int8 dynamically quantized linear layers (CPU)")
-    serve.add_argument("--compile", action="store_true",
-                       help="decode with the decoder step compiled by torch.compile, compiled before serving "
-                            "(20-60 s at start; CPU; needs a C++ compiler; see docs/serving.md)")
-    serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)")
-    serve.add_argument("--max-sentences", type=int, default=128, help="sentences per request (default 128)")
-    serve.add_argument("--max-chars", type=int, default=2000, help="characters per sentence (default 2000)")
-    serve.add_argument("--max-beam-size", type=int, default=16, help="largest beam_size a request may ask (16)")
-    serve.add_argument("--max-request-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)")
-    serve.add_argument("--max-batch-sentences", type=int, default=0,
-                       help="sentences of concurrent requests decoded together (default: decoding.batch_size)")
-    serve.add_argument("--max-wait-ms", type=float, default=5.0,
-                       help="how long to collect concurrent requests into one batch (milliseconds, default 5)")
-    serve.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request's headers, then its "
-                       "body, may take to arrive (default 30; 0: no limit)")
-    serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="on SIGTERM or Ctrl-C, seconds requests "
-                       "in flight may take to finish (default 30)")
+    serve.add_argument(
+        "--quantization",
+        choices=["int8"],
+        help="int8: int8 dynamically quantized linear layers (CPU)",
+    )
+    serve.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the decoder step compiled by torch.compile, compiled before serving "
+        "(20-60 s at start; CPU; needs a C++ compiler; see docs/serving.md)",
+    )
+    serve.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)"
+    )
+    serve.add_argument(
+        "--max-sentences", type=int, default=128, help="sentences per request (default 128)"
+    )
+    serve.add_argument(
+        "--max-chars", type=int, default=2000, help="characters per sentence (default 2000)"
+    )
+    serve.add_argument(
+        "--max-beam-size", type=int, default=16, help="largest beam_size a request may ask (16)"
+    )
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)"
+    )
+    serve.add_argument(
+        "--max-batch-sentences",
+        type=int,
+        default=0,
+        help="sentences of concurrent requests decoded together (default: decoding.batch_size)",
+    )
+    serve.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long to collect concurrent requests into one batch (milliseconds, default 5)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request's headers, then its "
+        "body, may take to arrive (default 30; 0: no limit)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds requests in flight may take to finish (default 30)",
+    )
     serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
     return parser
 
@@ -187,8 +377,11 @@ def _version() -> str:
 
 def _decoding_kwargs(args: argparse.Namespace) -> dict:
     """The decoding flags given (None for those not given), n_best aside (translate reads it itself)."""
-    return {option.name: getattr(args, option.name) for option in option_fields(("n_best",))
-            if hasattr(args, option.name)}
+    return {
+        option.name: getattr(args, option.name)
+        for option in option_fields(("n_best",))
+        if hasattr(args, option.name)
+    }
 
 
 def _as_typed(err: Exception, command: str) -> str:
@@ -223,8 +416,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         shutdown_distributed(finished)
     if args.is_main_process:
-        print(f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
-              f"checkpoints in {run_dir / 'checkpoints'}")
+        print(
+            f"done: {state.step} steps, best validation BLEU {state.best_bleu:.2f}; "
+            f"checkpoints in {run_dir / 'checkpoints'}"
+        )
     return 0
 
 
@@ -233,12 +428,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from .training.init_from import with_absolute_data_path
 
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
-    _, train, valid = prepare_data(with_absolute_data_path(load_config(args.config, args.set)), run_dir)
+    _, train, valid = prepare_data(
+        with_absolute_data_path(load_config(args.config, args.set)), run_dir
+    )
     models = ", ".join(str(p) for p in sorted(run_dir.glob("spm*.model")))
     n_train = sum(map(len, train))  # a token cache per corpus
-    print(f"prepared {run_dir}: tokenizer {models}, {n_train} training pairs in the token cache, "
-          f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
-          "--set finds both")
+    print(
+        f"prepared {run_dir}: tokenizer {models}, {n_train} training pairs in the token cache, "
+        f"{len(valid.references)} validation pairs; `transformer train` with the same --config, --run-dir and "
+        "--set finds both"
+    )
     return 0
 
 
@@ -247,16 +446,22 @@ def cmd_average(args: argparse.Namespace) -> int:
 
     paths = args.checkpoints or last_checkpoints(args.run_dir, args.last)
     averaged = average_to_file(paths, args.output)
-    print(f"wrote {args.output}: the average of {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} "
-          f"({', '.join(str(p) for p in paths)}); step {averaged['train_state'].get('step', '?')}")
+    print(
+        f"wrote {args.output}: the average of {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} "
+        f"({', '.join(str(p) for p in paths)}); step {averaged['train_state'].get('step', '?')}"
+    )
     return 0
 
 
 def _note_compile(args: argparse.Namespace) -> None:
     """With --compile, say on stderr why the first batch takes long (nothing is printed while Inductor compiles)."""
     if args.compile:
-        print("--compile: compiling the decoding step at the first batch (about 20-60 s, once per process for "
-              "greedy and once for beam search)", file=sys.stderr, flush=True)
+        print(
+            "--compile: compiling the decoding step at the first batch (about 20-60 s, once per process for "
+            "greedy and once for beam search)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -268,41 +473,66 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.buffer_size < 1:
         raise ConfigError(f"--buffer-size must be at least 1, got {args.buffer_size}")
     _check_translate_inputs(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
-                                            workers=args.workers, compile=args.compile)
+    translator = Translator.from_checkpoint(
+        args.checkpoint,
+        device=args.device,
+        quantization=args.quantization,
+        workers=args.workers,
+        compile=args.compile,
+    )
     n_best = args.n_best or 1
-    options = translator.resolve_options(n_best=n_best, **_decoding_kwargs(args))  # bad ones fail before any input
+    options = translator.resolve_options(
+        n_best=n_best, **_decoding_kwargs(args)
+    )  # bad ones fail before any input
     if args.alignment and translator.engine.attention_model is None:
-        raise ConfigError(f"--alignment reads our model's attention; a {translator.engine.name} model has none")
+        raise ConfigError(
+            f"--alignment reads our model's attention; a {translator.engine.name} model has none"
+        )
     _note_compile(args)
     if args.prefix_file and (args.sentences or args.input):  # a mismatch fails before any output
         n_input = len(args.sentences) if args.sentences else count_lines(args.input)
         if count_lines(args.prefix_file) != n_input:
-            raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
-                            f"{n_input}: give one prefix line (empty for none) per input line")
+            raise DataError(
+                f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
+                f"{n_input}: give one prefix line (empty for none) per input line"
+            )
     prefix_reader = LineReader(args.prefix_file) if args.prefix_file else None
     out, index, complete = TranslationOutput(args.output), 0, False
     try:
         show = bool(args.output) or not sys.stdout.isatty()
         growing = not args.output and is_streaming(sys.stdout)
-        for lines in input_chunks(args.sentences, args.input, args.buffer_size, show, growing=growing):
+        for lines in input_chunks(
+            args.sentences, args.input, args.buffer_size, show, growing=growing
+        ):
             prefixes = prefix_reader.read(len(lines)) if prefix_reader else None
             if prefixes is not None and len(prefixes) < len(lines):
-                raise DataError(f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
-                                f"least {index + len(lines)}: give one prefix line (empty for none) per input line")
+                raise DataError(
+                    f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
+                    f"least {index + len(lines)}: give one prefix line (empty for none) per input line"
+                )
             try:
                 request = translator.request(lines, options, prefixes)
-            except WrittenLanguageError as err:  # a line starting with another language's token: name the line
-                raise ConfigError(str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}") from None
+            except (
+                WrittenLanguageError
+            ) as err:  # a line starting with another language's token: name the line
+                raise ConfigError(
+                    str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
+                ) from None
             result = translator.run(request, scores=bool(args.n_best))
             for i in result.truncated:
-                logger.warning("line %d has more than the model's max_positions=%d tokens: its first %d translated",
-                               index + i + 1, translator.engine.max_source_len, translator.engine.max_source_len - 1)
+                logger.warning(
+                    "line %d has more than the model's max_positions=%d tokens: its first %d translated",
+                    index + i + 1,
+                    translator.engine.max_source_len,
+                    translator.engine.max_source_len - 1,
+                )
             out.write("".join(_output_lines(translator, request, result, index, args)), len(lines))
             index += len(lines)
         if prefix_reader and prefix_reader.read(1):
-            raise DataError(f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
-                            f"{index}: give one prefix line (empty for none) per input line")
+            raise DataError(
+                f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
+                f"{index}: give one prefix line (empty for none) per input line"
+            )
         complete = True
     finally:
         if prefix_reader:
@@ -311,7 +541,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _output_lines(translator: Any, request: Any, result: Any, index: int, args: argparse.Namespace) -> list[str]:
+def _output_lines(
+    translator: Any, request: Any, result: Any, index: int, args: argparse.Namespace
+) -> list[str]:
     """The output lines of one chunk of input lines (the first numbered `index`): the best translation of each, or
     with --n-best its K lines `index<TAB>score<TAB>text<TAB>end`; with --alignment each text followed by a TAB and
     its word alignment (Pharaoh format) with the source as translated."""
@@ -321,45 +553,98 @@ def _output_lines(translator: Any, request: Any, result: Any, index: int, args: 
         if args.alignment:
             pairs = translator.align(request.take([i] * len(texts)), texts)
             texts = [f"{t}\t{pharaoh(p)}" for t, p in zip(texts, pairs)]
-        lines += ([f"{index + i}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
-                   for t, (_, score), end in zip(texts, hyps, ends)] if args.n_best else [texts[0] + "\n"])
+        lines += (
+            [
+                f"{index + i}\t{score:.4f}\t{t}\t{'eos' if end else 'cut'}\n"
+                for t, (_, score), end in zip(texts, hyps, ends)
+            ]
+            if args.n_best
+            else [texts[0] + "\n"]
+        )
     return lines
 
 
 def _check_translate_inputs(args: argparse.Namespace) -> None:
     """Refuse inputs given twice or a checkpoint given as a sentence, and an --output that is the --input."""
-    paths = [s for s in args.sentences[:8]
-             if s.strip() and (s.endswith(".pt") or Path(s).is_dir()) and Path(s).exists()]
-    hint = f"; for an ensemble, repeat the flag: --checkpoint {args.checkpoint[-1]} --checkpoint {paths[0]}" \
-        if paths else ""
+    paths = [
+        s
+        for s in args.sentences[:8]
+        if s.strip() and (s.endswith(".pt") or Path(s).is_dir()) and Path(s).exists()
+    ]
+    hint = (
+        f"; for an ensemble, repeat the flag: --checkpoint {args.checkpoint[-1]} --checkpoint {paths[0]}"
+        if paths
+        else ""
+    )
     if args.sentences and args.input:
-        raise ConfigError(f"sentences given as arguments ({len(args.sentences)}) and --input {args.input}: give one "
-                          f"or the other{hint}")
+        raise ConfigError(
+            f"sentences given as arguments ({len(args.sentences)}) and --input {args.input}: give one "
+            f"or the other{hint}"
+        )
     if paths:
         raise ConfigError(f"the sentence argument {paths[0]} is a model, not a sentence{hint}")
-    if (args.output and args.input and Path(args.output).exists() and Path(args.input).exists()
-            and Path(args.output).samefile(args.input)):
-        raise ConfigError(f"--output {args.output} is the --input file: writing would empty it before it is read")
+    if (
+        args.output
+        and args.input
+        and Path(args.output).exists()
+        and Path(args.input).exists()
+        and Path(args.output).samefile(args.input)
+    ):
+        raise ConfigError(
+            f"--output {args.output} is the --input file: writing would empty it before it is read"
+        )
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import check_bleu_tokenizer, corpus_scores, evaluation_data, report, translate_test_set
+    from .evaluate import (
+        check_bleu_tokenizer,
+        corpus_scores,
+        evaluation_data,
+        report,
+        translate_test_set,
+    )
     from .translate import Translator
 
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, quantization=args.quantization,
-                                            workers=args.workers, compile=args.compile)
-    src, refs, tgt_lang, origin = evaluation_data(translator.config, args.split, args.src, args.ref, args.set,
-                                                  " ".join(args.checkpoint), args.direction, args.tgt_lang)
+    translator = Translator.from_checkpoint(
+        args.checkpoint,
+        device=args.device,
+        quantization=args.quantization,
+        workers=args.workers,
+        compile=args.compile,
+    )
+    src, refs, tgt_lang, origin = evaluation_data(
+        translator.config,
+        args.split,
+        args.src,
+        args.ref,
+        args.set,
+        " ".join(args.checkpoint),
+        args.direction,
+        args.tgt_lang,
+    )
     _note_compile(args)
     kwargs = {**_decoding_kwargs(args), **({"tgt_lang": tgt_lang} if args.direction else {})}
-    options = translator.resolve_options(**kwargs, n_best=1)  # --tgt-lang fra: fr, as the model names it
+    options = translator.resolve_options(
+        **kwargs, n_best=1
+    )  # --tgt-lang fra: fr, as the model names it
     hyps = translate_test_set(translator, src, options)
     scores = corpus_scores(hyps, refs, options.target.code, tokenize=args.tokenize)
-    report(scores, hyps, options.decoding, origin, args.json, checkpoint=" ".join(args.checkpoint), data=origin,
-           direction=args.direction, tgt_lang=options.target.code, quantization=args.quantization,
-           compile=args.compile, workers=args.workers)
+    report(
+        scores,
+        hyps,
+        options.decoding,
+        origin,
+        args.json,
+        checkpoint=" ".join(args.checkpoint),
+        data=origin,
+        direction=args.direction,
+        tgt_lang=options.target.code,
+        quantization=args.quantization,
+        compile=args.compile,
+        workers=args.workers,
+    )
     return 0
 
 
@@ -375,26 +660,52 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .hf import export_huggingface
 
         out = export_huggingface(config, model, tokenizer, args.output, force=args.force)
-        print(f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer"
-              + (", each source starting with its target language's token (>>fra<<)" if several else ""))
+        print(
+            f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer"
+            + (
+                ", each source starting with its target language's token (>>fra<<)"
+                if several
+                else ""
+            )
+        )
         if config.decoding.max_repeat:
-            print(f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
-                  "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)")
+            print(
+                f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
+                "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)"
+            )
         return 0
     from .ct2 import export_ctranslate2
 
-    out = export_ctranslate2(config, model, tokenizer, args.output, quantization=args.quantization, force=args.force,
-                             origin=str(args.checkpoint))
-    print(f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as `transformer translate --checkpoint "
-          f"{out}{' --tgt-lang LANG' if several else ''}` or with ctranslate2.Translator")
+    out = export_ctranslate2(
+        config,
+        model,
+        tokenizer,
+        args.output,
+        quantization=args.quantization,
+        force=args.force,
+        origin=str(args.checkpoint),
+    )
+    print(
+        f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as `transformer translate --checkpoint "
+        f"{out}{' --tgt-lang LANG' if several else ''}` or with ctranslate2.Translator"
+    )
     return 0
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_plot import run
 
-    out = run(args.checkpoint, args.sentence, args.out, layer=args.layer, head=args.head, kind=args.kind,
-              fmt=args.format, options=_decoding_kwargs(args), device=args.device)
+    out = run(
+        args.checkpoint,
+        args.sentence,
+        args.out,
+        layer=args.layer,
+        head=args.head,
+        kind=args.kind,
+        fmt=args.format,
+        options=_decoding_kwargs(args),
+        device=args.device,
+    )
     print(f"wrote {out}")
     return 0
 
@@ -410,35 +721,87 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .serve import ServeLimits, ServeSettings, run_server
     except ImportError as err:
-        print(f"error: serve needs FastAPI and uvicorn: pip install 'transformer-nmt[serve]' ({err})", file=sys.stderr)
+        print(
+            f"error: serve needs FastAPI and uvicorn: pip install 'transformer-nmt[serve]' ({err})",
+            file=sys.stderr,
+        )
         return 2
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
     for flag in ("max_sentences", "max_chars", "max_beam_size", "max_request_bytes"):
         if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if min(args.max_batch_sentences, args.max_wait_ms, args.threads, args.request_timeout, args.shutdown_timeout) < 0:
-        raise ConfigError("--max-batch-sentences, --max-wait-ms, --threads, --request-timeout and --shutdown-timeout "
-                          "must be >= 0")
-    limits = ServeLimits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_beam_size=args.max_beam_size,
-                         max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout)
-    run_server(ServeSettings(tuple(args.checkpoint), host=args.host, port=args.port, device=args.device,
-                             threads=args.threads, quantization=args.quantization, compile=args.compile, limits=limits,
-                             max_batch_sentences=args.max_batch_sentences, max_wait_ms=args.max_wait_ms,
-                             access_log=not args.no_access_log, shutdown_timeout_s=args.shutdown_timeout))
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
+            )
+    if (
+        min(
+            args.max_batch_sentences,
+            args.max_wait_ms,
+            args.threads,
+            args.request_timeout,
+            args.shutdown_timeout,
+        )
+        < 0
+    ):
+        raise ConfigError(
+            "--max-batch-sentences, --max-wait-ms, --threads, --request-timeout and --shutdown-timeout "
+            "must be >= 0"
+        )
+    limits = ServeLimits(
+        max_sentences=args.max_sentences,
+        max_chars=args.max_chars,
+        max_beam_size=args.max_beam_size,
+        max_request_bytes=args.max_request_bytes,
+        request_timeout_s=args.request_timeout,
+    )
+    run_server(
+        ServeSettings(
+            tuple(args.checkpoint),
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            threads=args.threads,
+            quantization=args.quantization,
+            compile=args.compile,
+            limits=limits,
+            max_batch_sentences=args.max_batch_sentences,
+            max_wait_ms=args.max_wait_ms,
+            access_log=not args.no_access_log,
+            shutdown_timeout_s=args.shutdown_timeout,
+        )
+    )
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     reuse_freed_memory()  # glibc keeps freed tensor memory mapped: no page faults on every step's large tensors
-    args.is_main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for all
-    level = logging.DEBUG if args.verbose else (
-        logging.INFO if args.command in ("train", "prepare") and args.is_main_process else logging.WARNING)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    commands = {"train": cmd_train, "prepare": cmd_prepare, "average": cmd_average, "translate": cmd_translate,
-                "evaluate": cmd_evaluate, "export": cmd_export, "attention": cmd_attention, "plot": cmd_plot,
-                "serve": cmd_serve}
+    args.is_main_process = (
+        os.environ.get("RANK", "0") == "0"
+    )  # under torchrun, rank 0 speaks for all
+    level = (
+        logging.DEBUG
+        if args.verbose
+        else (
+            logging.INFO
+            if args.command in ("train", "prepare") and args.is_main_process
+            else logging.WARNING
+        )
+    )
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    commands = {
+        "train": cmd_train,
+        "prepare": cmd_prepare,
+        "average": cmd_average,
+        "translate": cmd_translate,
+        "evaluate": cmd_evaluate,
+        "export": cmd_export,
+        "attention": cmd_attention,
+        "plot": cmd_plot,
+        "serve": cmd_serve,
+    }
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:
@@ -446,10 +809,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"error: {_as_typed(err, args.command)}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader went away (`... | head -n 2`): stop quietly, as other Unix tools do
+    except (
+        BrokenPipeError
+    ):  # the reader went away (`... | head -n 2`): stop quietly, as other Unix tools do
         silence_stdout()
         return 141
-    except KeyboardInterrupt:  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
         if args.verbose:
             raise
         print(f"\n{args.command}: interrupted", file=sys.stderr)

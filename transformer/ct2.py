@@ -35,14 +35,19 @@ def ctranslate2_module() -> Any:
     try:
         import ctranslate2
     except ImportError:
-        raise ExportError("CTranslate2 is not installed: pip install 'transformer-nmt[ct2]' "
-                          "(or ctranslate2>=4.5)") from None
+        raise ExportError(
+            "CTranslate2 is not installed: pip install 'transformer-nmt[ct2]' (or ctranslate2>=4.5)"
+        ) from None
     return ctranslate2
 
 
 def is_ctranslate2_dir(path: str | Path) -> bool:
     """True for a folder written by `export_ctranslate2`."""
-    return Path(path).is_dir() and (Path(path) / "model.bin").is_file() and (Path(path) / METADATA).is_file()
+    return (
+        Path(path).is_dir()
+        and (Path(path) / "model.bin").is_file()
+        and (Path(path) / METADATA).is_file()
+    )
 
 
 def _vocabulary(tokenizer: Tokenizer, side: str) -> list[str]:
@@ -57,10 +62,17 @@ def _build_spec(config: Config, model: Any, tokenizer: Tokenizer) -> Any:
     from ctranslate2.specs import common_spec, transformer_spec
 
     m = config.model
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swish": common_spec.Activation.SWISH}[m.activation]
-    spec = transformer_spec.TransformerSpec.from_config((m.n_encoder_layers, m.n_decoder_layers), m.n_heads,
-                                                        pre_norm=m.norm_first, activation=activation)
+    activation = {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,
+        "swish": common_spec.Activation.SWISH,
+    }[m.activation]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (m.n_encoder_layers, m.n_decoder_layers),
+        m.n_heads,
+        pre_norm=m.norm_first,
+        activation=activation,
+    )
     weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     d = m.d_model
 
@@ -110,8 +122,15 @@ def _build_spec(config: Config, model: Any, tokenizer: Tokenizer) -> Any:
     return spec
 
 
-def export_ctranslate2(config: Config, model: Any, tokenizer: Tokenizer, output_dir: str | Path,
-                       quantization: Optional[str] = None, force: bool = False, origin: str = "") -> Path:
+def export_ctranslate2(
+    config: Config,
+    model: Any,
+    tokenizer: Tokenizer,
+    output_dir: str | Path,
+    quantization: Optional[str] = None,
+    force: bool = False,
+    origin: str = "",
+) -> Path:
     """Convert a loaded model (`engines.load_model`) to a CTranslate2 model folder (see the module docstring).
 
     The folder is written beside its destination under a temporary name and renamed into place when complete, so
@@ -131,7 +150,9 @@ def export_ctranslate2(config: Config, model: Any, tokenizer: Tokenizer, output_
     """
     ct2 = ctranslate2_module()
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
+        raise ExportError(
+            f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}"
+        )
     output_dir = Path(output_dir)
     _check_replaceable(output_dir, force)
     spec = _build_spec(config, model, tokenizer)
@@ -143,11 +164,14 @@ def export_ctranslate2(config: Config, model: Any, tokenizer: Tokenizer, output_
     def write(staging: Path) -> None:
         _Converter().convert(str(staging), quantization=quantization, force=True)
         files = tokenizer.save(staging, config.data.src_lang, config.data.tgt_lang)
-        metadata = {"config": config.to_dict(),
-                    "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
-                    "checkpoint": origin, "quantization": quantization or "float32",
-                    "sentencepiece": [f.name for f in files if f.suffix == ".model"],
-                    "vocab": tokenizer.vocab}
+        metadata = {
+            "config": config.to_dict(),
+            "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
+            "checkpoint": origin,
+            "quantization": quantization or "float32",
+            "sentencepiece": [f.name for f in files if f.suffix == ".model"],
+            "vocab": tokenizer.vocab,
+        }
         (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
 
     write_folder(output_dir, write)

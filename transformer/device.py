@@ -16,7 +16,7 @@ class DeviceError(ValueError):
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" picks cuda, then mps, then cpu; any other name is checked to exist here.
+    """ "auto" picks cuda, then mps, then cpu; any other name is checked to exist here.
 
     Raises:
         DeviceError: if the named device is not available on this machine, or not a device name.
@@ -32,22 +32,32 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise DeviceError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"device {name!r} asked for, but CUDA is not available on this machine; use "
-                          "--device cpu (train: --set training.device=cpu)")
+        raise DeviceError(
+            f"device {name!r} asked for, but CUDA is not available on this machine; use "
+            "--device cpu (train: --set training.device=cpu)"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError(f"device {name!r} asked for, but MPS is not available on this machine; use "
-                          "--device cpu (train: --set training.device=cpu)")
+        raise DeviceError(
+            f"device {name!r} asked for, but MPS is not available on this machine; use "
+            "--device cpu (train: --set training.device=cpu)"
+        )
     return device
 
 
-def matmul_seconds(dtype: torch.dtype, device: torch.device, size: int = 1024, repeats: int = 5,
-                   budget_s: float = 0.2) -> float:
+def matmul_seconds(
+    dtype: torch.dtype,
+    device: torch.device,
+    size: int = 1024,
+    repeats: int = 5,
+    budget_s: float = 0.2,
+) -> float:
     """Best wall time (seconds) of one size x size x size matrix multiplication in `dtype`.
 
     Up to `repeats` timed products, after a warm-up one at size 256 (which loads the kernels); the repeats stop
     once `budget_s` seconds have been spent, so that a dtype this CPU computes slowly costs one product rather
     than six (bf16 without hardware support: about 2 s each at 1024^3 on an AVX2-only CPU).
     """
+
     def product(a: torch.Tensor, b: torch.Tensor) -> float:
         with torch.no_grad():
             if device.type == "cuda":
@@ -59,7 +69,9 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, size: int = 1024, r
             return time.perf_counter() - start
 
     def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+        return torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(
+            dtype
+        )
 
     product(*operands(min(size, 256)))
     a, b = operands(size)
@@ -94,28 +106,45 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
     if name == "bf16" and device.type == "cpu":
         speedup = matmul_seconds(torch.float32, device) / matmul_seconds(torch.bfloat16, device)
         if speedup < 1:
-            return name, (f"as configured, but a bf16 matmul runs at {speedup:.2f}x fp32 on this CPU: "
-                          "training.precision: auto or fp32 would be faster")
+            return name, (
+                f"as configured, but a bf16 matmul runs at {speedup:.2f}x fp32 on this CPU: "
+                "training.precision: auto or fp32 would be faster"
+            )
         return name, f"as configured (bf16 matmul {speedup:.2f}x fp32 on this CPU)"
     if name in ("bf16", "auto") and device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        native = major >= 8  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
+        native = (
+            major >= 8
+        )  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
         where = f"CUDA device of compute capability {major}.{minor}"
         if name == "bf16":  # e.g. the WMT14 recipes' bf16 on a V100 or T4
-            return name, (f"as configured ({where}, native bf16)" if native else
-                          f"as configured, but this {where} emulates bf16: training.precision: fp16 (with its "
-                          "gradient scaler) or fp32 would be faster")
-        return ("bf16", f"{where} (native bf16)") if native else ("fp32", f"{where} (no native bf16)")
+            return name, (
+                f"as configured ({where}, native bf16)"
+                if native
+                else f"as configured, but this {where} emulates bf16: training.precision: fp16 (with its "
+                "gradient scaler) or fp32 would be faster"
+            )
+        return (
+            ("bf16", f"{where} (native bf16)") if native else ("fp32", f"{where} (no native bf16)")
+        )
     if name != "auto":
         return name, "as configured"
     if device.type != "cpu":
         return "fp32", f"{device.type} device"
     speedup = matmul_seconds(torch.float32, device) / matmul_seconds(torch.bfloat16, device)
     choice = "bf16" if speedup >= BF16_MIN_SPEEDUP else "fp32"
-    return choice, f"bf16 matmul {speedup:.2f}x fp32 on this CPU (bf16 needs >= {BF16_MIN_SPEEDUP}x)"
+    return (
+        choice,
+        f"bf16 matmul {speedup:.2f}x fp32 on this CPU (bf16 needs >= {BF16_MIN_SPEEDUP}x)",
+    )
 
 
-MALLOC_ENV_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+MALLOC_ENV_VARS = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "GLIBC_TUNABLES",
+)
 """Environment variables by which a user tunes glibc's allocator; when one is set, `reuse_freed_memory` leaves it."""
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers, from glibc's <malloc.h>
@@ -147,6 +176,8 @@ def reuse_freed_memory(mmap_threshold: int = 1 << 30) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mapped = mallopt(_M_MMAP_THRESHOLD, mmap_threshold)  # 1 on success, 0 if this glibc refuses the value
+    mapped = mallopt(
+        _M_MMAP_THRESHOLD, mmap_threshold
+    )  # 1 on success, 0 if this glibc refuses the value
     trimmed = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
     return bool(mapped and trimmed)

@@ -56,8 +56,11 @@ def bleu_tokenizer(tgt_lang: str) -> str:
         try:
             sacrebleu.BLEU(tokenize=name)
         except (ImportError, RuntimeError, SystemExit):
-            logger.warning("sacrebleu tokenizer %s needs an extra package (pip install sacrebleu[%s]); using 'char'",
-                           name, name.split("-")[0])
+            logger.warning(
+                "sacrebleu tokenizer %s needs an extra package (pip install sacrebleu[%s]); using 'char'",
+                name,
+                name.split("-")[0],
+            )
             name = "char"
     return name
 
@@ -67,14 +70,18 @@ def check_bleu_tokenizer(name: str) -> None:
     `name` is one (checked before any decoding)."""
     names = list(getattr(sacrebleu.BLEU, "TOKENIZERS", []))
     if names and name not in names:
-        raise OptionError(f"{{tokenize}}: sacrebleu's BLEU tokenizers are {', '.join(names)}", tokenize=name)
+        raise OptionError(
+            f"{{tokenize}}: sacrebleu's BLEU tokenizers are {', '.join(names)}", tokenize=name
+        )
 
 
 EVALUATE_CHUNK = 2000
 """Sentences `translate_test_set` decodes between progress-bar updates (sorted by length within each)."""
 
 
-def translate_test_set(translator: Translator, src: list[str], options: ResolvedOptions) -> list[str]:
+def translate_test_set(
+    translator: Translator, src: list[str], options: ResolvedOptions
+) -> list[str]:
     """Translate a test set (the best hypothesis of each line) with a progress bar on stderr, and name once the lines
     longer than the model reads (translated from their start: `translate.source_within`).
 
@@ -88,19 +95,29 @@ def translate_test_set(translator: Translator, src: list[str], options: Resolved
     truncated: list[int] = []
     with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
         for start in range(0, len(src), EVALUATE_CHUNK):
-            result = translator.run(translator.request(src[start:start + EVALUATE_CHUNK], options), scores=False)
+            result = translator.run(
+                translator.request(src[start : start + EVALUATE_CHUNK], options), scores=False
+            )
             hyps += result.texts
             truncated += [start + i + 1 for i in result.truncated]
             bar.update(min(EVALUATE_CHUNK, len(src) - start))
     if truncated:
-        logger.warning("%d source lines have more than the model's max_positions=%d tokens: truncated, their start "
-                       "translated (lines %s)", len(truncated), translator.engine.max_source_len,
-                       ", ".join(map(str, truncated[:10])) + (", ..." if len(truncated) > 10 else ""))
+        logger.warning(
+            "%d source lines have more than the model's max_positions=%d tokens: truncated, their start "
+            "translated (lines %s)",
+            len(truncated),
+            translator.engine.max_source_len,
+            ", ".join(map(str, truncated[:10])) + (", ..." if len(truncated) > 10 else ""),
+        )
     return hyps
 
 
-def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]], tgt_lang: str = "en",
-                  tokenize: str | None = None) -> Scores:
+def corpus_scores(
+    hypotheses: list[str],
+    references: list[str] | list[list[str]],
+    tgt_lang: str = "en",
+    tokenize: str | None = None,
+) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses, as the sacrebleu command line scores them.
 
     Args:
@@ -116,19 +133,33 @@ def corpus_scores(hypotheses: list[str], references: list[str] | list[list[str]]
     streams = [references] if not references or isinstance(references[0], str) else references
     for i, stream in enumerate(streams):
         if len(stream) != len(hypotheses):
-            raise ValueError(f"{len(hypotheses)} hypotheses but {len(stream)} references in stream {i + 1}")
+            raise ValueError(
+                f"{len(hypotheses)} hypotheses but {len(stream)} references in stream {i + 1}"
+            )
     # force: our hypotheses are detokenized; a weak model's " ." endings are its output, not a tokenized test set
     bleu = sacrebleu.BLEU(tokenize=tokenize or bleu_tokenizer(tgt_lang), force=True)
     chrf = sacrebleu.CHRF()
     bleu_score = bleu.corpus_score(hypotheses, streams)
     chrf_score = chrf.corpus_score(hypotheses, streams)
-    return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()),
-                  len(hypotheses))
+    return Scores(
+        bleu_score.score,
+        chrf_score.score,
+        str(bleu.get_signature()),
+        str(chrf.get_signature()),
+        len(hypotheses),
+    )
 
 
-def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str], ref_paths: Optional[list[str]],
-                    overrides: list[str], checkpoint: str, direction: Optional[str] = None,
-                    tgt_lang: Optional[str] = None) -> tuple[list[str], list[list[str]], str, str]:
+def evaluation_data(
+    config: Config,
+    split: Optional[str],
+    src_path: Optional[str],
+    ref_paths: Optional[list[str]],
+    overrides: list[str],
+    checkpoint: str,
+    direction: Optional[str] = None,
+    tgt_lang: Optional[str] = None,
+) -> tuple[list[str], list[list[str]], str, str]:
     """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
     the target language, and where they came from. Either a split of the checkpoint's data section (with `--set
     data.KEY=VALUE` overrides; of a multilingual model, the split of one of its `direction`s) or --src and --ref
@@ -142,29 +173,43 @@ def evaluation_data(config: Config, split: Optional[str], src_path: Optional[str
     """
     if split:
         if src_path or ref_paths:
-            raise ConfigError(f"evaluate: --split {split} and --src/--ref name two test sets; give one of them")
+            raise ConfigError(
+                f"evaluate: --split {split} and --src/--ref name two test sets; give one of them"
+            )
         config = override_config(config, overrides, sections=("data",), source=checkpoint)
         corpus = _corpus(config.data, split, direction)
-        if direction and tgt_lang is not None and find_language(tgt_lang, [corpus.tgt_lang]) is None:
-            raise ConfigError(f"evaluate: --tgt-lang {tgt_lang} and --direction {direction} name two target "
-                              f"languages; give one of them")
+        if (
+            direction
+            and tgt_lang is not None
+            and find_language(tgt_lang, [corpus.tgt_lang]) is None
+        ):
+            raise ConfigError(
+                f"evaluate: --tgt-lang {tgt_lang} and --direction {direction} name two target "
+                f"languages; give one of them"
+            )
         data = corpus.section(config.data)
         name = {"test": data.test_split, "valid": data.valid_split}.get(split, split)
         test = load_split(data, name)
         return test.src, [test.tgt], corpus.tgt_lang, test.origin
     if overrides:
-        raise ConfigError("evaluate: --set changes the data section for --split; with --src/--ref it has no use")
+        raise ConfigError(
+            "evaluate: --set changes the data section for --split; with --src/--ref it has no use"
+        )
     if not (src_path and ref_paths):
         raise ConfigError("evaluate: give --src and --ref files, or --split NAME")
     if direction:
-        raise ConfigError(f"evaluate: --direction {direction} picks the split of one direction (with --split); with "
-                          f"--src/--ref give the language to translate into with --tgt-lang")
+        raise ConfigError(
+            f"evaluate: --direction {direction} picks the split of one direction (with --split); with "
+            f"--src/--ref give the language to translate into with --tgt-lang"
+        )
     src = read_lines(src_path)
     refs = []
     for path in ref_paths:
         refs.append(read_lines(path))
         if len(refs[-1]) != len(src):
-            raise DataError(f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}")
+            raise DataError(
+                f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}"
+            )
     return src, refs, config.data.tgt_lang, f"{src_path} + {' + '.join(ref_paths)}"
 
 
@@ -180,10 +225,14 @@ def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:
     if len(found) == 1:
         return found[0]
     if direction and not named:
-        raise ConfigError(f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
-                          f"translates {data.src_lang}-{data.tgt_lang} only")
-    raise ConfigError(f"evaluate: --split {split} of a multilingual model: give --direction, one of "
-                      f"{', '.join(named)}" + (f" (not {direction})" if direction else ""))
+        raise ConfigError(
+            f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
+            f"translates {data.src_lang}-{data.tgt_lang} only"
+        )
+    raise ConfigError(
+        f"evaluate: --split {split} of a multilingual model: give --direction, one of "
+        f"{', '.join(named)}" + (f" (not {direction})" if direction else "")
+    )
 
 
 def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str, Any]) -> Path:
@@ -196,8 +245,10 @@ def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str
     """
     json_path = Path(json_path)
     hyp_path = json_path.with_suffix(".hyp.txt")
-    for path, text in ((hyp_path, "".join(h + "\n" for h in hypotheses)),
-                       (json_path, json.dumps({**record, "hypotheses": str(hyp_path)}, indent=2) + "\n")):
+    for path, text in (
+        (hyp_path, "".join(h + "\n" for h in hypotheses)),
+        (json_path, json.dumps({**record, "hypotheses": str(hyp_path)}, indent=2) + "\n"),
+    ):
         data = text.encode("utf-8")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,8 +258,14 @@ def write_results(json_path: str | Path, hypotheses: list[str], record: dict[str
     return hyp_path
 
 
-def report(scores: Scores, hypotheses: list[str], options: DecodingConfig, origin: str, json_path: Optional[str],
-           **record: Any) -> None:
+def report(
+    scores: Scores,
+    hypotheses: list[str],
+    options: DecodingConfig,
+    origin: str,
+    json_path: Optional[str],
+    **record: Any,
+) -> None:
     """Print what `transformer evaluate` measured (BLEU and chrF with their signatures, the sentences and the
     search); with `json_path`, also write the hypotheses and a JSON of the scores, `record` (checkpoint, data,
     direction, tgt_lang, the engine's options) and the search (`write_results`).
@@ -216,11 +273,20 @@ def report(scores: Scores, hypotheses: list[str], options: DecodingConfig, origi
     Raises:
         DataError: a file cannot be written (`write_results`).
     """
-    length_penalty = options.length_penalty if options.beam_size > 1 else None  # greedy search does not use it
+    length_penalty = (
+        options.length_penalty if options.beam_size > 1 else None
+    )  # greedy search does not use it
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
-    print(f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
-          + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)"))
+    print(
+        f"{scores.n_sentences} sentences from {origin}; beam_size={options.beam_size}"
+        + (f", length_penalty={length_penalty}" if length_penalty is not None else " (greedy)")
+    )
     if json_path:
-        record = {**scores.to_dict(), **record, "beam_size": options.beam_size, "length_penalty": length_penalty}
+        record = {
+            **scores.to_dict(),
+            **record,
+            "beam_size": options.beam_size,
+            "length_penalty": length_penalty,
+        }
         print(f"wrote {json_path} and {write_results(json_path, hypotheses, record)}")

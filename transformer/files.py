@@ -23,7 +23,9 @@ class ExportError(ValueError):
     """A model cannot be exported (or imported), an output folder cannot be replaced, or a converter is missing."""
 
 
-def check_replaceable(output_dir: Path, force: bool, is_earlier_export: Callable[[Path], bool], marks: str) -> None:
+def check_replaceable(
+    output_dir: Path, force: bool, is_earlier_export: Callable[[Path], bool], marks: str
+) -> None:
     """Refuse an existing output unless `force` and it is an earlier export or an empty folder.
 
     Args:
@@ -38,12 +40,16 @@ def check_replaceable(output_dir: Path, force: bool, is_earlier_export: Callable
     if not force:
         raise ExportError(f"{output_dir} exists; use --force to replace it")
     if output_dir.is_symlink() or not output_dir.is_dir():
-        raise ExportError(f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder")
+        raise ExportError(
+            f"--output {output_dir} is not a folder; --force replaces only an earlier export's folder"
+        )
     if not is_earlier_export(output_dir) and any(output_dir.iterdir()):
         names = sorted(p.name for p in output_dir.iterdir())
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ExportError(f"--output {output_dir} holds files ({shown}) but is not an earlier export ({marks}); "
-                          "--force replaces only an export or an empty folder: choose another --output")
+        raise ExportError(
+            f"--output {output_dir} holds files ({shown}) but is not an earlier export ({marks}); "
+            "--force replaces only an export or an empty folder: choose another --output"
+        )
 
 
 def with_default_mode(path: Path) -> None:
@@ -88,13 +94,19 @@ def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
     try:
         write(staging)
         with_default_mode(staging)
-        if output_dir.exists():  # an earlier export or an empty folder (checked): out of the way, then gone
-            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
+        if (
+            output_dir.exists()
+        ):  # an earlier export or an empty folder (checked): out of the way, then gone
+            retired = Path(
+                tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent)
+            )
             output_dir.rename(retired / output_dir.name)
             try:
                 staging.rename(output_dir)
             except BaseException:
-                (retired / output_dir.name).rename(output_dir)  # the earlier export back in its place
+                (retired / output_dir.name).rename(
+                    output_dir
+                )  # the earlier export back in its place
                 raise
             shutil.rmtree(retired)
         else:

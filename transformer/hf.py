@@ -66,7 +66,9 @@ def _safetensors() -> Any:
     try:
         import safetensors.torch
     except ImportError:
-        raise ExportError("safetensors is not installed: pip install 'transformer-nmt[hf]' (or safetensors)") from None
+        raise ExportError(
+            "safetensors is not installed: pip install 'transformer-nmt[hf]' (or safetensors)"
+        ) from None
     return safetensors.torch
 
 
@@ -96,7 +98,10 @@ def _layer_names(config: Config) -> list[tuple[str, str, str]]:
     "reads" (a linear layer from the residual stream: its input axis is reordered), "writes" (a linear layer into
     it: its output axis and bias), "norm" (a LayerNorm over it), "qkv" (our fused W^Q;W^K;W^V, read as three)."""
     names = []
-    for side, n_layers in (("encoder", config.model.n_encoder_layers), ("decoder", config.model.n_decoder_layers)):
+    for side, n_layers in (
+        ("encoder", config.model.n_encoder_layers),
+        ("decoder", config.model.n_decoder_layers),
+    ):
         for i in range(n_layers):
             ours, theirs = f"{side}.layers.{i}", f"model.{side}.layers.{i}"
             blocks = [("self_attn", "self_attn", "norm1", "self_attn_layer_norm")]
@@ -104,7 +109,9 @@ def _layer_names(config: Config) -> list[tuple[str, str, str]]:
                 blocks.append(("cross_attn", "encoder_attn", "norm2", "encoder_attn_layer_norm"))
             for attn, their_attn, norm, their_norm in blocks:
                 names.append((f"{ours}.{attn}.in_proj", f"{theirs}.{their_attn}", "qkv"))
-                names.append((f"{ours}.{attn}.out_proj", f"{theirs}.{their_attn}.out_proj", "writes"))
+                names.append(
+                    (f"{ours}.{attn}.out_proj", f"{theirs}.{their_attn}.out_proj", "writes")
+                )
                 names.append((f"{ours}.{norm}", f"{theirs}.{their_norm}", "norm"))
             ffn_norm = "norm3" if side == "decoder" else "norm2"
             names.append((f"{ours}.feed_forward.linear1", f"{theirs}.fc1", "reads"))
@@ -122,14 +129,22 @@ def _check_exportable(config: Config, tokenizer: Tokenizer) -> None:
     m = config.model
     reasons = []
     if m.norm_first:
-        reasons.append("model.norm_first is true: MarianMTModel is post-norm, with no final LayerNorm")
+        reasons.append(
+            "model.norm_first is true: MarianMTModel is post-norm, with no final LayerNorm"
+        )
     if not m.share_all_embeddings or not tokenizer.is_joint:
-        reasons.append("model.share_all_embeddings is false or data.joint_vocab is false: this export writes one "
-                       "vocabulary shared by the encoder, the decoder and the output projection")
+        reasons.append(
+            "model.share_all_embeddings is false or data.joint_vocab is false: this export writes one "
+            "vocabulary shared by the encoder, the decoder and the output projection"
+        )
     if not m.tie_embeddings:
-        reasons.append("model.tie_embeddings is false: the output projection must be the embedding matrix")
+        reasons.append(
+            "model.tie_embeddings is false: the output projection must be the embedding matrix"
+        )
     if m.d_model % 2:
-        reasons.append(f"model.d_model={m.d_model} is odd: the position tables differ in their last coordinate")
+        reasons.append(
+            f"model.d_model={m.d_model} is odd: the position tables differ in their last coordinate"
+        )
     if reasons:
         raise ExportError("cannot export as a Hugging Face Marian model: " + "; ".join(reasons))
 
@@ -141,13 +156,15 @@ def to_marian_state(model: Transformer, config: Config) -> dict[str, Tensor]:
     d = config.model.d_model
     out = {"model.shared.weight": ours["decoder.embedding.embedding.weight"][:, order]}
     bias = ours.get("output_projection.bias")
-    out["final_logits_bias"] = (torch.zeros(config.model.tgt_vocab_size) if bias is None else bias)[None]
+    out["final_logits_bias"] = (torch.zeros(config.model.tgt_vocab_size) if bias is None else bias)[
+        None
+    ]
     for our_name, name, kind in _layer_names(config):
         weight, bias = ours[f"{our_name}.weight"], ours[f"{our_name}.bias"]
         if kind == "qkv":
             for k, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                out[f"{name}.{proj}.weight"] = weight[k * d:(k + 1) * d][:, order]
-                out[f"{name}.{proj}.bias"] = bias[k * d:(k + 1) * d]
+                out[f"{name}.{proj}.weight"] = weight[k * d : (k + 1) * d][:, order]
+                out[f"{name}.{proj}.bias"] = bias[k * d : (k + 1) * d]
         elif kind == "reads":
             out[f"{name}.weight"], out[f"{name}.bias"] = weight[:, order], bias
         else:  # writes, norm
@@ -160,17 +177,40 @@ def marian_config(config: Config) -> dict[str, Any]:
     and ours under `CONFIG_KEY`."""
     m = config.model
     return {
-        "architectures": ["MarianMTModel"], "model_type": "marian",
-        "vocab_size": m.tgt_vocab_size, "decoder_vocab_size": m.tgt_vocab_size,
-        "d_model": m.d_model, "encoder_layers": m.n_encoder_layers, "decoder_layers": m.n_decoder_layers,
-        "encoder_attention_heads": m.n_heads, "decoder_attention_heads": m.n_heads,
-        "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff, "activation_function": m.activation,
-        "max_position_embeddings": m.max_positions, "dropout": m.dropout, "attention_dropout": m.attention_dropout,
-        "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "init_std": 0.02,
-        "scale_embedding": True, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
-        "is_encoder_decoder": True, "use_cache": True, "normalize_embedding": False, "static_position_embeddings": True,
-        "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID, "forced_eos_token_id": None,
-        CONFIG_KEY: {"config": config.to_dict(), "vocab_sizes": [m.src_vocab_size, m.tgt_vocab_size]},
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": m.tgt_vocab_size,
+        "decoder_vocab_size": m.tgt_vocab_size,
+        "d_model": m.d_model,
+        "encoder_layers": m.n_encoder_layers,
+        "decoder_layers": m.n_decoder_layers,
+        "encoder_attention_heads": m.n_heads,
+        "decoder_attention_heads": m.n_heads,
+        "encoder_ffn_dim": m.d_ff,
+        "decoder_ffn_dim": m.d_ff,
+        "activation_function": m.activation,
+        "max_position_embeddings": m.max_positions,
+        "dropout": m.dropout,
+        "attention_dropout": m.attention_dropout,
+        "activation_dropout": 0.0,
+        "encoder_layerdrop": 0.0,
+        "decoder_layerdrop": 0.0,
+        "init_std": 0.02,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True,
+        "is_encoder_decoder": True,
+        "use_cache": True,
+        "normalize_embedding": False,
+        "static_position_embeddings": True,
+        "pad_token_id": PAD_ID,
+        "eos_token_id": EOS_ID,
+        "decoder_start_token_id": BOS_ID,
+        "forced_eos_token_id": None,
+        CONFIG_KEY: {
+            "config": config.to_dict(),
+            "vocab_sizes": [m.src_vocab_size, m.tgt_vocab_size],
+        },
     }
 
 
@@ -187,14 +227,26 @@ def generation_config(config: Config) -> dict[str, Any]:
     """generation_config.json: our decoding defaults in `generate`'s terms. Pad and bos are never produced (as in
     our search). `generate` divides beam scores by length^α, ours by ((5 + length) / 6)^α: the same α is written."""
     d = config.decoding
-    return {"decoder_start_token_id": BOS_ID, "eos_token_id": EOS_ID,
-            "pad_token_id": PAD_ID, "forced_eos_token_id": None, "num_beams": d.beam_size,
-            "length_penalty": d.length_penalty, "max_length": config.model.max_positions,
-            "suppress_tokens": [PAD_ID, BOS_ID], "bad_words_ids": None}
+    return {
+        "decoder_start_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "forced_eos_token_id": None,
+        "num_beams": d.beam_size,
+        "length_penalty": d.length_penalty,
+        "max_length": config.model.max_positions,
+        "suppress_tokens": [PAD_ID, BOS_ID],
+        "bad_words_ids": None,
+    }
 
 
-def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer, output_dir: str | Path,
-                       force: bool = False) -> Path:
+def export_huggingface(
+    config: Config,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    output_dir: str | Path,
+    force: bool = False,
+) -> Path:
     """Write a MarianMT folder that `transformers` loads with no code of ours (see the module docstring).
 
     The folder is built under a temporary name and renamed into place when complete (as the CTranslate2 export).
@@ -222,11 +274,19 @@ def export_huggingface(config: Config, model: Transformer, tokenizer: Tokenizer,
         (staging / "source.spm").write_bytes(tokenizer.src_proto)
         (staging / "target.spm").write_bytes(tokenizer.tgt_proto or tokenizer.src_proto)
         _write_json(staging / "vocab.json", _vocabulary(tokenizer))
-        _write_json(staging / "tokenizer_config.json", {
-            "tokenizer_class": "MarianTokenizer", **_languages_of(config),
-            "model_max_length": config.model.max_positions,
-            "separate_vocabs": False, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-            "bos_token": tokenizer.id_to_piece(BOS_ID)})
+        _write_json(
+            staging / "tokenizer_config.json",
+            {
+                "tokenizer_class": "MarianTokenizer",
+                **_languages_of(config),
+                "model_max_length": config.model.max_positions,
+                "separate_vocabs": False,
+                "unk_token": "<unk>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "bos_token": tokenizer.id_to_piece(BOS_ID),
+            },
+        )
 
     write_folder(output_dir, write)
     return output_dir
@@ -236,8 +296,10 @@ def _languages_of(config: Config) -> dict[str, str]:
     """tokenizer_config.json's source_lang and target_lang: a multilingual model's languages joined by "+" (its
     tokens, `>>fra<<`, are pieces of vocab.json: MarianTokenizer keeps one written at the start of a source whole)."""
     pairs = language_pairs(config.data)
-    return {"source_lang": "+".join(dict.fromkeys(src for src, _ in pairs)),
-            "target_lang": "+".join(dict.fromkeys(tgt for _, tgt in pairs))}
+    return {
+        "source_lang": "+".join(dict.fromkeys(src for src, _ in pairs)),
+        "target_lang": "+".join(dict.fromkeys(tgt for _, tgt in pairs)),
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -264,47 +326,89 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
             return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file is one error for the user
             raise CheckpointError(f"{folder / 'pytorch_model.bin'}: not readable: {err}") from None
-    raise CheckpointError(f"{folder}: a Marian folder without model.safetensors or pytorch_model.bin")
+    raise CheckpointError(
+        f"{folder}: a Marian folder without model.safetensors or pytorch_model.bin"
+    )
 
 
 def _our_config(folder: Path, marian: dict[str, Any], vocab: list[str]) -> Config:
     """Our Config for a MarianConfig; ConfigError naming the Marian field we cannot express."""
+
     def refuse(field: str, why: str) -> None:
         raise ConfigError(f"{folder / 'config.json'}: {field}={marian.get(field)!r}: {why}")
 
-    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"),
-                         ("encoder_ffn_dim", "decoder_ffn_dim")):
+    for ours, theirs in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
         if marian.get(ours) != marian.get(theirs):
-            refuse(theirs, f"differs from {ours}={marian.get(ours)!r}; our model has one n_heads and one d_ff")
+            refuse(
+                theirs,
+                f"differs from {ours}={marian.get(ours)!r}; our model has one n_heads and one d_ff",
+            )
     if not marian.get("scale_embedding", False):
         refuse("scale_embedding", "our embeddings are always multiplied by sqrt(d_model) (§3.4)")
     if not marian.get("share_encoder_decoder_embeddings", True):
-        refuse("share_encoder_decoder_embeddings", "separate encoder and decoder vocabularies are not supported")
+        refuse(
+            "share_encoder_decoder_embeddings",
+            "separate encoder and decoder vocabularies are not supported",
+        )
     if marian.get("decoder_vocab_size") not in (None, marian.get("vocab_size")):
-        refuse("decoder_vocab_size", f"differs from vocab_size={marian.get('vocab_size')}: separate encoder and "
-               "decoder vocabularies are not supported")
-    for field in ("normalize_before", "add_final_layer_norm", "normalize_embedding", "layernorm_embedding"):
+        refuse(
+            "decoder_vocab_size",
+            f"differs from vocab_size={marian.get('vocab_size')}: separate encoder and "
+            "decoder vocabularies are not supported",
+        )
+    for field in (
+        "normalize_before",
+        "add_final_layer_norm",
+        "normalize_embedding",
+        "layernorm_embedding",
+    ):
         if marian.get(field):
             refuse(field, "our model is post-norm without extra LayerNorms (as MarianMTModel)")
-    if marian.get("static_position_embeddings") is False or marian.get("learned_positional_embeddings"):
-        refuse("static_position_embeddings", "learned position embeddings are not supported (ours are sinusoidal)")
+    if marian.get("static_position_embeddings") is False or marian.get(
+        "learned_positional_embeddings"
+    ):
+        refuse(
+            "static_position_embeddings",
+            "learned position embeddings are not supported (ours are sinusoidal)",
+        )
     activation = ACTIVATIONS.get(str(marian.get("activation_function")))
     if activation is None:
         refuse("activation_function", f"expected one of {', '.join(ACTIVATIONS)}")
     if marian.get("d_model", 0) % 2:
         refuse("d_model", "the position tables differ for an odd width")
     saved = marian.get(CONFIG_KEY, {}).get("config")
-    raw = json.loads(json.dumps(saved)) if saved else {
-        "data": {"src_lang": UNKNOWN_PAIR[0], "tgt_lang": UNKNOWN_PAIR[1], "path": str(folder),
-                 "directions": [f"{UNKNOWN_PAIR[0]}-{lang}" for lang in _target_languages(vocab)]},
-        "decoding": {"beam_size": 4, "max_repeat": 0}}  # as transformers' generate, which has no such limit
+    raw = (
+        json.loads(json.dumps(saved))
+        if saved
+        else {
+            "data": {
+                "src_lang": UNKNOWN_PAIR[0],
+                "tgt_lang": UNKNOWN_PAIR[1],
+                "path": str(folder),
+                "directions": [f"{UNKNOWN_PAIR[0]}-{lang}" for lang in _target_languages(vocab)],
+            },
+            "decoding": {"beam_size": 4, "max_repeat": 0},
+        }
+    )  # as transformers' generate, which has no such limit
     vocab_size = len(vocab)
     raw["model"] = {
-        "d_model": marian["d_model"], "n_heads": marian["encoder_attention_heads"], "d_ff": marian["encoder_ffn_dim"],
-        "n_encoder_layers": marian["encoder_layers"], "n_decoder_layers": marian["decoder_layers"],
-        "dropout": marian.get("dropout", 0.1), "attention_dropout": marian.get("attention_dropout", 0.0),
-        "activation": activation, "norm_first": False, "max_positions": marian.get("max_position_embeddings", 512),
-        "tie_embeddings": marian.get("tie_word_embeddings", True), "share_all_embeddings": True, "output_bias": True}
+        "d_model": marian["d_model"],
+        "n_heads": marian["encoder_attention_heads"],
+        "d_ff": marian["encoder_ffn_dim"],
+        "n_encoder_layers": marian["encoder_layers"],
+        "n_decoder_layers": marian["decoder_layers"],
+        "dropout": marian.get("dropout", 0.1),
+        "attention_dropout": marian.get("attention_dropout", 0.0),
+        "activation": activation,
+        "norm_first": False,
+        "max_positions": marian.get("max_position_embeddings", 512),
+        "tie_embeddings": marian.get("tie_word_embeddings", True),
+        "share_all_embeddings": True,
+        "output_bias": True,
+    }
     raw["data"].update(vocab_size=vocab_size, joint_vocab=True)
     return config_from_dict(raw, vocab_sizes=(vocab_size, vocab_size))
 
@@ -312,7 +416,9 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab: list[str]) -> Confi
 def _target_languages(vocab: list[str]) -> list[str]:
     """The languages of a multi-target OPUS-MT vocabulary (two or more `>>fra<<`-style pieces), in vocabulary order;
     none for a vocabulary with one such piece or none (a model that translates into one language)."""
-    languages = [lang for lang in map(token_language, vocab) if lang is not None and lang != UNKNOWN_PAIR[0]]
+    languages = [
+        lang for lang in map(token_language, vocab) if lang is not None and lang != UNKNOWN_PAIR[0]
+    ]
     return languages if len(languages) > 1 else []
 
 
@@ -320,17 +426,26 @@ def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str],
     """Our vocabulary for a Marian one: (pieces by our id, the Marian row of each of our ids). Marian's pad, unk,
     decoder start and eos rows take our special ids (`_marian_specials`); the other rows keep their order after
     them."""
-    tokenizer_config = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() \
+    tokenizer_config = (
+        _read_json(folder / "tokenizer_config.json")
+        if (folder / "tokenizer_config.json").is_file()
         else {}
+    )
     if tokenizer_config.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
-        raise ConfigError(f"{folder / 'tokenizer_config.json'}: separate_vocabs=True: separate source and target "
-                          "vocabularies are not supported")
+        raise ConfigError(
+            f"{folder / 'tokenizer_config.json'}: separate_vocabs=True: separate source and target "
+            "vocabularies are not supported"
+        )
     vocab = _read_json(folder / "vocab.json")
     size = marian["vocab_size"]
     pieces = [f"<unused{i}>" for i in range(size)]
-    for piece, i in sorted(vocab.items(), key=lambda item: -item[1]):  # the smallest id of a piece wins
+    for piece, i in sorted(
+        vocab.items(), key=lambda item: -item[1]
+    ):  # the smallest id of a piece wins
         if not 0 <= i < size:
-            raise ConfigError(f"{folder / 'vocab.json'}: id {i} of {piece!r} is outside vocab_size={size}")
+            raise ConfigError(
+                f"{folder / 'vocab.json'}: id {i} of {piece!r} is outside vocab_size={size}"
+            )
         pieces[i] = piece
     unk_piece = tokenizer_config.get("unk_token", "<unk>")
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
@@ -347,16 +462,26 @@ def _marian_specials(folder: Path, marian: dict[str, Any], unk: int) -> list[int
     pad, eos = marian.get("pad_token_id"), marian.get("eos_token_id")
     start = marian.get("decoder_start_token_id", pad)
     start = pad if start is None else start
-    for name, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
+    for name, value in (
+        ("pad_token_id", pad),
+        ("eos_token_id", eos),
+        ("decoder_start_token_id", start),
+    ):
         if not isinstance(value, int) or not 0 <= value < size:
-            raise ConfigError(f"{folder / 'config.json'}: {name}={value!r}: expected a token id below {size}")
+            raise ConfigError(
+                f"{folder / 'config.json'}: {name}={value!r}: expected a token id below {size}"
+            )
     if len({pad, unk, eos}) < 3 or start in (eos, unk):
-        raise ConfigError(f"{folder / 'config.json'}: pad, eos, unk and the decoder start token need distinct ids "
-                          f"(got pad {pad}, eos {eos}, unk {unk}, start {start})")
+        raise ConfigError(
+            f"{folder / 'config.json'}: pad, eos, unk and the decoder start token need distinct ids "
+            f"(got pad {pad}, eos {eos}, unk {unk}, start {start})"
+        )
     return [pad, unk, start, eos]
 
 
-def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, Transformer, Tokenizer]:
+def load_marian(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[Config, Transformer, Tokenizer]:
     """A MarianMT folder as our config, model (eval mode) and tokenizer (see the module docstring).
 
     Raises:
@@ -367,8 +492,10 @@ def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> t
     marian = _read_json(folder / "config.json")
     for name in ("source.spm", "vocab.json"):
         if not (folder / name).is_file():
-            raise CheckpointError(f"{folder}: a Marian folder without {name} (the tokenizer files, as "
-                                  "MarianTokenizer.save_pretrained writes them)")
+            raise CheckpointError(
+                f"{folder}: a Marian folder without {name} (the tokenizer files, as "
+                "MarianTokenizer.save_pretrained writes them)"
+            )
     vocab, rows = _import_vocabulary(folder, marian)
     config = _our_config(folder, marian, vocab)
     src = (folder / "source.spm").read_bytes()
@@ -386,7 +513,9 @@ def load_marian(path: str | Path, map_location: str | torch.device = "cpu") -> t
     return config, model.to(map_location).eval(), tokenizer
 
 
-def from_marian_state(weights: dict[str, Tensor], config: Config, rows: list[int]) -> dict[str, Tensor]:
+def from_marian_state(
+    weights: dict[str, Tensor], config: Config, rows: list[int]
+) -> dict[str, Tensor]:
     """MarianMTModel's state dict as ours (the inverse of `to_marian_state`).
 
     Args:
@@ -399,19 +528,29 @@ def from_marian_state(weights: dict[str, Tensor], config: Config, rows: list[int
     if embedding is None:
         embedding = weights["model.decoder.embed_tokens.weight"]
     embedding = embedding.float()[index][:, back]
-    out = {"encoder.embedding.embedding.weight": embedding, "decoder.embedding.embedding.weight": embedding}
+    out = {
+        "encoder.embedding.embedding.weight": embedding,
+        "decoder.embedding.embedding.weight": embedding,
+    }
     if config.model.tie_embeddings:
         out["output_projection.weight"] = embedding
     else:
         out["output_projection.weight"] = weights["lm_head.weight"].float()[index][:, back]
     bias = weights.get("final_logits_bias")
-    out["output_projection.bias"] = (torch.zeros(len(rows)) if bias is None else bias.float().reshape(-1)[index])
+    out["output_projection.bias"] = (
+        torch.zeros(len(rows)) if bias is None else bias.float().reshape(-1)[index]
+    )
     for our_name, name, kind in _layer_names(config):
         if kind == "qkv":
-            out[f"{our_name}.weight"] = torch.cat([weights[f"{name}.{p}.weight"].float()[:, back]
-                                                   for p in ("q_proj", "k_proj", "v_proj")])
-            out[f"{our_name}.bias"] = torch.cat([weights[f"{name}.{p}.bias"].float()
-                                                 for p in ("q_proj", "k_proj", "v_proj")])
+            out[f"{our_name}.weight"] = torch.cat(
+                [
+                    weights[f"{name}.{p}.weight"].float()[:, back]
+                    for p in ("q_proj", "k_proj", "v_proj")
+                ]
+            )
+            out[f"{our_name}.bias"] = torch.cat(
+                [weights[f"{name}.{p}.bias"].float() for p in ("q_proj", "k_proj", "v_proj")]
+            )
         elif kind == "reads":
             out[f"{our_name}.weight"] = weights[f"{name}.weight"].float()[:, back]
             out[f"{our_name}.bias"] = weights[f"{name}.bias"].float()

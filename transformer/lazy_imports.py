@@ -9,13 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, homes: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, homes: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module-level `__getattr__` and `__dir__` of `package`, which exports each name of `homes` from the module
     `homes[name]` (relative to `package`), imported when the name is first read and then kept in the package.
 
     Raises (from `__getattr__`):
         AttributeError: a name the package does not export.
     """
+
     def __getattr__(name: str) -> Any:
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

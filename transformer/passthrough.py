@@ -61,8 +61,14 @@ class Protected:
 def _extends(char: str, previous: str) -> bool:
     """Whether `char` belongs to the character cluster that `previous` ends."""
     code = ord(char)
-    return (unicodedata.category(char) in ("Mn", "Me") or char == ZWJ or previous == ZWJ
-            or 0xFE00 <= code <= 0xFE0F or 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F)
+    return (
+        unicodedata.category(char) in ("Mn", "Me")
+        or char == ZWJ
+        or previous == ZWJ
+        or 0xFE00 <= code <= 0xFE0F
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0020 <= code <= 0xE007F
+    )
 
 
 def _is_regional_indicator(char: str) -> bool:
@@ -97,7 +103,9 @@ class PassThrough:
     def is_unknown(self, cluster: str) -> bool:
         """Whether the source tokenizer encodes `cluster` (not whitespace) to a sequence holding `unk`."""
         if cluster not in self._unknown:
-            self._unknown[cluster] = not cluster.isspace() and UNK_ID in self.tokenizer.encode_src([cluster])[0]
+            self._unknown[cluster] = (
+                not cluster.isspace() and UNK_ID in self.tokenizer.encode_src([cluster])[0]
+            )
         return self._unknown[cluster]
 
     def protect(self, sentences: list[str], ids: list[list[int]]) -> list[Optional[Protected]]:
@@ -108,8 +116,10 @@ class PassThrough:
             ids: their source ids (`Tokenizer.src_ids`): only a sentence whose ids hold `unk` is looked at
                 character by character.
         """
-        return [self._protect_one(sentence) if UNK_ID in sentence_ids else None
-                for sentence, sentence_ids in zip(sentences, ids)]
+        return [
+            self._protect_one(sentence) if UNK_ID in sentence_ids else None
+            for sentence, sentence_ids in zip(sentences, ids)
+        ]
 
     def _protect_one(self, sentence: str) -> Optional[Protected]:
         kept: list[str] = []  # the words translated
@@ -119,9 +129,12 @@ class PassThrough:
             unknown = [self.is_unknown(part) for part in parts]
             if not any(unknown):
                 kept.append(word)
-            elif not all(unknown) and any(u and unicodedata.category(p[0]).startswith("L")
-                                          for p, u in zip(parts, unknown)):
-                spans.append(Span(word, len(kept), False, False))  # a word spelt with a letter the vocabulary lacks
+            elif not all(unknown) and any(
+                u and unicodedata.category(p[0]).startswith("L") for p, u in zip(parts, unknown)
+            ):
+                spans.append(
+                    Span(word, len(kept), False, False)
+                )  # a word spelt with a letter the vocabulary lacks
             else:
                 rest, i = "", 0
                 while i < len(parts):
@@ -132,10 +145,18 @@ class PassThrough:
                     j = i
                     while j < len(parts) and unknown[j]:
                         j += 1
-                    spans.append(Span("".join(parts[i:j]), len(kept) + bool(rest), bool(rest), j < len(parts)))
+                    spans.append(
+                        Span(
+                            "".join(parts[i:j]), len(kept) + bool(rest), bool(rest), j < len(parts)
+                        )
+                    )
                     i = j
-                if rest and kept and not spans[-1].glued_left and all(
-                        unicodedata.category(c).startswith("P") for c in rest):
+                if (
+                    rest
+                    and kept
+                    and not spans[-1].glued_left
+                    and all(unicodedata.category(c).startswith("P") for c in rest)
+                ):
                     kept[-1] += rest  # "Strand 👍." is translated as "Strand."
                 elif rest:
                     kept.append(rest)
@@ -144,8 +165,12 @@ class PassThrough:
         return Protected(" ".join(kept), len(kept), tuple(spans))
 
     @staticmethod
-    def restore(translation: str, protected: Protected, alignment: Optional[list[tuple[int, int]]] = None,
-                n_prefix_words: int = 0) -> str:
+    def restore(
+        translation: str,
+        protected: Protected,
+        alignment: Optional[list[tuple[int, int]]] = None,
+        n_prefix_words: int = 0,
+    ) -> str:
         """`translation` of `protected.text` with the spans put back (the rules in the module docstring).
 
         Args:
@@ -189,10 +214,15 @@ NBestFn = Callable[[list[str], list[list[int]]], list[list[tuple[str, float]]]]
 """`(stripped sentences, their source ids) -> per sentence, the (text, score) hypotheses`."""
 
 
-def with_passthrough(passthrough: PassThrough, texts: list[str], ids: list[list[int]],
-                     prefixes: Optional[list[Optional[str]]], translate_n_best: NBestFn, copy_unknown: bool = True,
-                     align: Optional[Callable[[list[list[int]], list[str]], list[list[tuple[int, int]]]]] = None
-                     ) -> tuple[list[list[tuple[str, float]]], int]:
+def with_passthrough(
+    passthrough: PassThrough,
+    texts: list[str],
+    ids: list[list[int]],
+    prefixes: Optional[list[Optional[str]]],
+    translate_n_best: NBestFn,
+    copy_unknown: bool = True,
+    align: Optional[Callable[[list[list[int]], list[str]], list[list[tuple[int, int]]]]] = None,
+) -> tuple[list[list[tuple[str, float]]], int]:
     """`translate_n_best` of the stripped sentences `texts` and their source ids `ids` (`Tokenizer.src_ids`), with,
     if `copy_unknown`, each sentence's spans taken out before (a sentence with spans is encoded again without them)
     and put back into each of its hypotheses after, aligned with `align` (of source ids and translations; None:
@@ -208,16 +238,22 @@ def with_passthrough(passthrough: PassThrough, texts: list[str], ids: list[list[
     touched = [i for i, p in enumerate(protected) if p is not None]
     if not touched:
         return translate_n_best(texts, ids), 0
-    for i, new_ids in zip(touched, passthrough.tokenizer.src_ids([protected[i].text for i in touched])):
+    for i, new_ids in zip(
+        touched, passthrough.tokenizer.src_ids([protected[i].text for i in touched])
+    ):
         texts[i], ids[i] = protected[i].text, new_ids
     results = translate_n_best(texts, ids)
     pairs = [(i, text) for i in touched for text, _ in results[i]]
-    alignments = align([ids[i] for i, _ in pairs], [t for _, t in pairs]) if align else [None] * len(pairs)
+    alignments = (
+        align([ids[i] for i, _ in pairs], [t for _, t in pairs]) if align else [None] * len(pairs)
+    )
     it = iter(alignments)
     for i in touched:
         n_prefix = len(prefixes[i].split()) if prefixes and prefixes[i] else 0
-        results[i] = [(PassThrough.restore(text, protected[i], next(it), n_prefix), score)
-                      for text, score in results[i]]
+        results[i] = [
+            (PassThrough.restore(text, protected[i], next(it), n_prefix), score)
+            for text, score in results[i]
+        ]
     return results, len(touched)
 
 

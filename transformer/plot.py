@@ -35,10 +35,13 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise PlotError("{run_dir}: no metrics.jsonl (is it a run directory of transformer train?)",
-                        run_dir=str(run_dir))
-    curves: dict[str, list[tuple[int, float]]] = {k: [] for k in ("train_loss", "valid_loss", "bleu", "lr",
-                                                                   "grad_norm")}
+        raise PlotError(
+            "{run_dir}: no metrics.jsonl (is it a run directory of transformer train?)",
+            run_dir=str(run_dir),
+        )
+    curves: dict[str, list[tuple[int, float]]] = {
+        k: [] for k in ("train_loss", "valid_loss", "bleu", "lr", "grad_norm")
+    }
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -68,12 +71,19 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
         raise PlotError("{out}: the suffix must be .png, .svg or .pdf", out=str(out))
     runs = [(str(run_dir), read_curves(run_dir)) for run_dir in run_dirs]
     try:
-        from matplotlib.figure import Figure  # not pyplot: the caller's backend (a notebook's inline one) is kept
+        from matplotlib.figure import (
+            Figure,
+        )  # not pyplot: the caller's backend (a notebook's inline one) is kept
     except ImportError:
-        raise PlotError("plotting needs matplotlib: pip install 'transformer-nmt[viz]' (or pip install "
-                        "matplotlib)") from None
-    shown = [(title, lines) for title, lines in PANELS
-             if any(curves[series] for _, curves in runs for series, _, _ in lines)]
+        raise PlotError(
+            "plotting needs matplotlib: pip install 'transformer-nmt[viz]' (or pip install "
+            "matplotlib)"
+        ) from None
+    shown = [
+        (title, lines)
+        for title, lines in PANELS
+        if any(curves[series] for _, curves in runs for series, _, _ in lines)
+    ]
     if not shown:
         raise PlotError(f"{', '.join(run_dirs)}: metrics.jsonl holds no records yet")
     fig = Figure(figsize=(4.2 * len(shown), 3.4))

@@ -74,10 +74,17 @@ class TranslationRequest:
 
     def take(self, indices: list[int]) -> "TranslationRequest":
         """The request of the sentences at `indices` (in that order; an index may repeat)."""
+
         def pick(values: Optional[list]) -> Optional[list]:
             return None if values is None else [values[i] for i in indices]
-        return TranslationRequest(pick(self.sentences), pick(self.ids), self.options, pick(self.prefixes),
-                                  pick(self.prefix_ids))
+
+        return TranslationRequest(
+            pick(self.sentences),
+            pick(self.ids),
+            self.options,
+            pick(self.prefixes),
+            pick(self.prefix_ids),
+        )
 
     @staticmethod
     def join(requests: list["TranslationRequest"]) -> "TranslationRequest":
@@ -91,15 +98,22 @@ class TranslationRequest:
             raise ValueError("requests with different options cannot share one decoding call")
         sentences = [s for r in requests for s in r.sentences]
         ids = [i for r in requests for i in r.ids]
-        if all(r.prefixes is None for r in requests):  # no sentence has one: the search needs no forced-token rule
+        if all(
+            r.prefixes is None for r in requests
+        ):  # no sentence has one: the search needs no forced-token rule
             return TranslationRequest(sentences, ids, options)
         prefixes = [p for r in requests for p in (r.prefixes or [None] * len(r))]
         prefix_ids = [p for r in requests for p in (r.prefix_ids or [None] * len(r))]
         return TranslationRequest(sentences, ids, options, prefixes, prefix_ids)
 
 
-def make_request(tokenizer: Tokenizer, config: Config, sentences: list[str], options: ResolvedOptions,
-                 prefixes: Optional[list[Optional[str]]] = None) -> TranslationRequest:
+def make_request(
+    tokenizer: Tokenizer,
+    config: Config,
+    sentences: list[str],
+    options: ResolvedOptions,
+    prefixes: Optional[list[Optional[str]]] = None,
+) -> TranslationRequest:
     """The request of `sentences` translated with `options` (`resolve_options`).
 
     Args:
@@ -122,8 +136,9 @@ def make_request(tokenizer: Tokenizer, config: Config, sentences: list[str], opt
     return TranslationRequest(list(sentences), ids, options, prefixes, prefix_ids)
 
 
-def target_prefix_ids(tokenizer: Tokenizer, config: Config, prefixes: Optional[list[Optional[str]]]
-                      ) -> Optional[list[Optional[list[int]]]]:
+def target_prefix_ids(
+    tokenizer: Tokenizer, config: Config, prefixes: Optional[list[Optional[str]]]
+) -> Optional[list[Optional[list[int]]]]:
     """Per prefix, its target ids (None for None or a blank one); None for no prefixes.
 
     Raises:
@@ -135,8 +150,10 @@ def target_prefix_ids(tokenizer: Tokenizer, config: Config, prefixes: Optional[l
     limit = config.model.max_positions - 2
     for i, ids in enumerate(out):
         if ids and len(ids) > limit:
-            raise OptionError(f"prefix {i + 1} has {len(ids)} tokens; the model's max_positions="
-                              f"{config.model.max_positions} leaves room for {limit}: shorten it")
+            raise OptionError(
+                f"prefix {i + 1} has {len(ids)} tokens; the model's max_positions="
+                f"{config.model.max_positions} leaves room for {limit}: shorten it"
+            )
     return out
 
 

@@ -37,7 +37,7 @@ class TokenizerError(ValueError):
 def split_language_code(text: str) -> tuple[list[str], str]:
     """A leading `>>xx<<` target-language token as its own piece, and the rest of the text (as Marian's tokenizer)."""
     end = text.find("<<") if text.startswith(">>") else -1
-    return ([text[:end + 2]], text[end + 2:]) if end != -1 else ([], text)
+    return ([text[: end + 2]], text[end + 2 :]) if end != -1 else ([], text)
 
 
 def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:
@@ -63,15 +63,18 @@ class Tokenizer:
         TokenizerError: a sentencepiece model with other special ids, or a vocabulary without `SPECIAL_PIECES` first.
     """
 
-    def __init__(self, src_proto: bytes, tgt_proto: Optional[bytes] = None, vocab: Optional[list[str]] = None
-                 ) -> None:
+    def __init__(
+        self, src_proto: bytes, tgt_proto: Optional[bytes] = None, vocab: Optional[list[str]] = None
+    ) -> None:
         self.src_proto, self.tgt_proto = src_proto, tgt_proto
         self.src = _load_proto(src_proto)
         self.tgt = self.src if tgt_proto is None else _load_proto(tgt_proto)
         self.vocab = vocab
         if vocab is not None:
             if tuple(vocab[:4]) != SPECIAL_PIECES:
-                raise TokenizerError(f"a tokenizer vocabulary must start with {SPECIAL_PIECES}, got {vocab[:4]}")
+                raise TokenizerError(
+                    f"a tokenizer vocabulary must start with {SPECIAL_PIECES}, got {vocab[:4]}"
+                )
             self._piece_ids = {}
             for i, piece in enumerate(vocab):
                 self._piece_ids.setdefault(piece, i)
@@ -79,8 +82,10 @@ class Tokenizer:
         for sp in (self.src, self.tgt):
             ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
             if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-                raise TokenizerError(f"sentencepiece model has special ids {ids} (pad, unk, bos, eos); "
-                                     f"this project needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+                raise TokenizerError(
+                    f"sentencepiece model has special ids {ids} (pad, unk, bos, eos); "
+                    f"this project needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
+                )
 
     @property
     def is_joint(self) -> bool:
@@ -107,7 +112,9 @@ class Tokenizer:
         """Target token ids of each text, without bos/eos."""
         if self.vocab is None:
             return self.tgt.encode(texts, out_type=int, num_threads=num_threads)
-        return [self.piece_ids(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)]
+        return [
+            self.piece_ids(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)
+        ]
 
     def piece_ids(self, pieces: list[str], side: str = "tgt") -> list[int]:
         """The token ids of `pieces` (unk for a piece the vocabulary lacks), side "src" or "tgt"."""
@@ -123,7 +130,9 @@ class Tokenizer:
         """
         token = self.piece_ids([piece], "src")[0]
         if token == UNK_ID or self.id_to_piece(token, "src") != piece:
-            raise TokenizerError(f"the vocabulary has no piece {piece}: this model was not trained with it")
+            raise TokenizerError(
+                f"the vocabulary has no piece {piece}: this model was not trained with it"
+            )
         return token
 
     def source_prefix(self, corpus: Corpus) -> list[int]:
@@ -195,20 +204,28 @@ class Tokenizer:
         """Write `spm.model` (joint) or `spm.{src_lang}.model` and `spm.{tgt_lang}.model` into run_dir; a tokenizer
         with its own vocabulary writes both models and `vocab.json`."""
         if self.vocab is not None:
-            files = {run_dir / f"spm.{src_lang}.model": self.src_proto,
-                     run_dir / f"spm.{tgt_lang}.model": self.tgt_proto or self.src_proto,
-                     run_dir / VOCAB_FILE: json.dumps({"vocab": self.vocab}, ensure_ascii=False).encode("utf-8")}
+            files = {
+                run_dir / f"spm.{src_lang}.model": self.src_proto,
+                run_dir / f"spm.{tgt_lang}.model": self.tgt_proto or self.src_proto,
+                run_dir / VOCAB_FILE: json.dumps({"vocab": self.vocab}, ensure_ascii=False).encode(
+                    "utf-8"
+                ),
+            }
         elif self.is_joint:
             files = {run_dir / "spm.model": self.src_proto}
         else:
-            files = {run_dir / f"spm.{src_lang}.model": self.src_proto,
-                     run_dir / f"spm.{tgt_lang}.model": self.tgt_proto}
+            files = {
+                run_dir / f"spm.{src_lang}.model": self.src_proto,
+                run_dir / f"spm.{tgt_lang}.model": self.tgt_proto,
+            }
         for path, proto in files.items():
             path.write_bytes(proto)
         return list(files)
 
     @classmethod
-    def load(cls, run_dir: Path, src_lang: str, tgt_lang: str, joint: bool) -> Optional["Tokenizer"]:
+    def load(
+        cls, run_dir: Path, src_lang: str, tgt_lang: str, joint: bool
+    ) -> Optional["Tokenizer"]:
         """The tokenizer saved in run_dir by `save`, or None if it is not there."""
         src, tgt = run_dir / f"spm.{src_lang}.model", run_dir / f"spm.{tgt_lang}.model"
         if (run_dir / VOCAB_FILE).exists():
@@ -229,36 +246,63 @@ SPM_MAX_SENTENCE_BYTES = 4192
 sentencepiece; we count and log them (the rest of the pipeline keeps them)."""
 
 
-def _train_one(sentences: list[str], data: DataConfig, what: str, threads: int, symbols: tuple[str, ...] = ()
-               ) -> bytes:
+def _train_one(
+    sentences: list[str], data: DataConfig, what: str, threads: int, symbols: tuple[str, ...] = ()
+) -> bytes:
     """Train one sentencepiece model in memory on all of `sentences`; returns its serialized proto. `symbols` (the
     language tokens of a multilingual run) become user-defined pieces: each is one piece, ids 4, 5, ..."""
     import io
 
-    too_long = sum(len(s) * 4 > SPM_MAX_SENTENCE_BYTES and len(s.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES
-                   for s in sentences)
+    too_long = sum(
+        len(s) * 4 > SPM_MAX_SENTENCE_BYTES and len(s.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES
+        for s in sentences
+    )
     if too_long:
-        logger.warning("sentencepiece skips %d of the %d %s sentences it trains on: longer than %d bytes",
-                       too_long, len(sentences), what, SPM_MAX_SENTENCE_BYTES)
+        logger.warning(
+            "sentencepiece skips %d of the %d %s sentences it trains on: longer than %d bytes",
+            too_long,
+            len(sentences),
+            what,
+            SPM_MAX_SENTENCE_BYTES,
+        )
     model = io.BytesIO()
     extra = {"user_defined_symbols": list(symbols)} if symbols else {}
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=data.vocab_size,
-            model_type=data.spm_model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
-            eos_id=EOS_ID, input_sentence_size=0, shuffle_input_sentence=False,
-            max_sentence_length=SPM_MAX_SENTENCE_BYTES, num_threads=threads, minloglevel=2, **extra)
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=data.vocab_size,
+            model_type=data.spm_model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            max_sentence_length=SPM_MAX_SENTENCE_BYTES,
+            num_threads=threads,
+            minloglevel=2,
+            **extra,
+        )
     except RuntimeError as err:
         match = re.search(r"<= (\d+)", str(err))
         largest = f"; the largest size that works on this data is {match.group(1)}" if match else ""
-        raise TokenizerError(f"data.vocab_size={data.vocab_size}: sentencepiece cannot build that many pieces "
-                             f"from the {what} training text ({len(sentences)} sentences){largest}. "
-                             f"Lower data.vocab_size. (sentencepiece: {err})") from None
+        raise TokenizerError(
+            f"data.vocab_size={data.vocab_size}: sentencepiece cannot build that many pieces "
+            f"from the {what} training text ({len(sentences)} sentences){largest}. "
+            f"Lower data.vocab_size. (sentencepiece: {err})"
+        ) from None
     return model.getvalue()
 
 
-def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig, threads: int = 2,
-                    symbols: tuple[str, ...] = ()) -> Tokenizer:
+def train_tokenizer(
+    src_texts: list[str],
+    tgt_texts: list[str],
+    data: DataConfig,
+    threads: int = 2,
+    symbols: tuple[str, ...] = (),
+) -> Tokenizer:
     """Train sentencepiece on these sentences (a sample of the training split): one joint model, or one per language.
 
     Every sentence given is used (the caller samples: see `DataConfig.spm_max_sentences`); with the same sentences
@@ -274,11 +318,21 @@ def train_tokenizer(src_texts: list[str], tgt_texts: list[str], data: DataConfig
         TokenizerError: if the vocabulary size cannot be reached on this text (naming the largest that can).
     """
     if data.joint_vocab:
-        logger.info("training a joint %s sentencepiece model (%d pieces) on %d sentences", data.spm_model_type,
-                    data.vocab_size, len(src_texts) + len(tgt_texts))
+        logger.info(
+            "training a joint %s sentencepiece model (%d pieces) on %d sentences",
+            data.spm_model_type,
+            data.vocab_size,
+            len(src_texts) + len(tgt_texts),
+        )
         what = "+".join(dict.fromkeys(lang for pair in language_pairs(data) for lang in pair))
         return Tokenizer(_train_one(src_texts + tgt_texts, data, what, threads, symbols))
-    logger.info("training %s sentencepiece models (%d pieces each) on %d sentences each", data.spm_model_type,
-                data.vocab_size, len(src_texts))
-    return Tokenizer(_train_one(src_texts, data, data.src_lang, threads),
-                     _train_one(tgt_texts, data, data.tgt_lang, threads))
+    logger.info(
+        "training %s sentencepiece models (%d pieces each) on %d sentences each",
+        data.spm_model_type,
+        data.vocab_size,
+        len(src_texts),
+    )
+    return Tokenizer(
+        _train_one(src_texts, data, data.src_lang, threads),
+        _train_one(tgt_texts, data, data.tgt_lang, threads),
+    )

@@ -40,7 +40,7 @@ def source_within(ids: list[int], max_source_len: int) -> tuple[list[int], bool]
     `max_source_len` tokens (eos included). Returns the ids and whether they were cut. The one truncation rule of
     translation, alignments and attention."""
     if len(ids) + 1 > max_source_len:
-        return ids[:max_source_len - 1] + [EOS_ID], True
+        return ids[: max_source_len - 1] + [EOS_ID], True
     return ids + [EOS_ID], False
 
 
@@ -70,8 +70,14 @@ class Translator:
         self._passthrough = PassThrough(engine.tokenizer)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path | list[str | Path], device: str = "cpu",
-                        quantization: Optional[str] = None, workers: int = 1, compile: bool = False) -> "Translator":
+    def from_checkpoint(
+        cls,
+        path: str | Path | list[str | Path],
+        device: str = "cpu",
+        quantization: Optional[str] = None,
+        workers: int = 1,
+        compile: bool = False,
+    ) -> "Translator":
         """A Translator over `engines.open_engine(path, ...)`: a .pt checkpoint (whatever device trained it), a
         MarianMT folder, a CTranslate2 folder, or several paths (an ensemble).
 
@@ -80,7 +86,11 @@ class Translator:
             DeviceError: the device is not available.
             OptionError: as `open_engine` (quantization, workers, compile; an ensemble's members differ).
         """
-        return cls(open_engine(path, device=device, quantization=quantization, workers=workers, compile=compile))
+        return cls(
+            open_engine(
+                path, device=device, quantization=quantization, workers=workers, compile=compile
+            )
+        )
 
     def warm_up(self) -> float:
         """The engine's `warm_up` (with compile: compile before the first request). Returns the seconds it took."""
@@ -108,8 +118,12 @@ class Translator:
         """The decoding section of `resolve_options(**overrides)`."""
         return self.resolve_options(**overrides).decoding
 
-    def request(self, sentences: list[str], options: ResolvedOptions,
-                prefixes: Optional[list[Optional[str]]] = None) -> TranslationRequest:
+    def request(
+        self,
+        sentences: list[str],
+        options: ResolvedOptions,
+        prefixes: Optional[list[Optional[str]]] = None,
+    ) -> TranslationRequest:
         """The request of `sentences` (`request.make_request`): a written target-language token taken out, the
         texts tokenized, the prefixes checked.
 
@@ -119,8 +133,9 @@ class Translator:
         """
         return make_request(self.tokenizer, self.config, sentences, options, prefixes)
 
-    def translate(self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None,
-                  **options: Any) -> list[str]:
+    def translate(
+        self, sentences: list[str], prefixes: Optional[list[Optional[str]]] = None, **options: Any
+    ) -> list[str]:
         """Translate sentences; unset options take the config's `decoding` defaults.
 
         Args:
@@ -131,13 +146,22 @@ class Translator:
         Returns:
             One detokenized string per input, in input order (with sampling: the first sample).
         """
-        return [hyps[0][0] for hyps in self.translate_n_best(sentences, n_best=1, scores=False, prefixes=prefixes,
-                                                             **options)]
+        return [
+            hyps[0][0]
+            for hyps in self.translate_n_best(
+                sentences, n_best=1, scores=False, prefixes=prefixes, **options
+            )
+        ]
 
-    def translate_n_best(self, sentences: list[str], n_best: Optional[int] = None, scores: bool = True,
-                         prefixes: Optional[list[Optional[str]]] = None,
-                         should_stop: Optional[Callable[[], bool]] = None,
-                         **options: Any) -> list[list[tuple[str, float]]]:
+    def translate_n_best(
+        self,
+        sentences: list[str],
+        n_best: Optional[int] = None,
+        scores: bool = True,
+        prefixes: Optional[list[Optional[str]]] = None,
+        should_stop: Optional[Callable[[], bool]] = None,
+        **options: Any,
+    ) -> list[list[tuple[str, float]]]:
         """Translate sentences and return the n best (text, score) pairs of each, best first: `resolve_options`,
         `request` and `run` in one call; an input longer than the engine reads is truncated with a logged warning.
 
@@ -158,8 +182,13 @@ class Translator:
         request = self.request(sentences, self.resolve_options(n_best=n_best, **options), prefixes)
         return self.run(request, scores=scores, should_stop=should_stop, warn_truncated=True).n_best
 
-    def run(self, request: TranslationRequest, scores: bool = True,
-            should_stop: Optional[Callable[[], bool]] = None, warn_truncated: bool = False) -> Translation:
+    def run(
+        self,
+        request: TranslationRequest,
+        scores: bool = True,
+        should_stop: Optional[Callable[[], bool]] = None,
+        warn_truncated: bool = False,
+    ) -> Translation:
         """Translate a resolved request: the n best (text, score) pairs of each sentence, best first; with sampling,
         n_best independent samples in the order drawn, each scored by the model's log-probability of its tokens.
 
@@ -186,29 +215,66 @@ class Translator:
         notes = Translation([], [], [])
 
         def translate(texts: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
-            src_ids, notes.truncated = self._with_eos(texts, [list(options.source_prefix) + i for i in ids],
-                                                      warn_truncated)
-            hypotheses = self.decode_ids(src_ids, searched, scores=scores, prefix_ids=forced, should_stop=should_stop)
+            src_ids, notes.truncated = self._with_eos(
+                texts, [list(options.source_prefix) + i for i in ids], warn_truncated
+            )
+            hypotheses = self.decode_ids(
+                src_ids, searched, scores=scores, prefix_ids=forced, should_stop=should_stop
+            )
             notes.n_hit_max_len = sum(not hyps[0].finished for hyps in hypotheses)
             notes.n_output_tokens = sum(len(hyps[0].tokens) for hyps in hypotheses)
-            outputs = [[(self._detokenize(h.tokens, prefixes[i] if forced and forced[i] else None,
-                                          forced[i] if forced else None), h) for h in hyps]
-                       for i, hyps in enumerate(hypotheses)]
+            outputs = [
+                [
+                    (
+                        self._detokenize(
+                            h.tokens,
+                            prefixes[i] if forced and forced[i] else None,
+                            forced[i] if forced else None,
+                        ),
+                        h,
+                    )
+                    for h in hyps
+                ]
+                for i, hyps in enumerate(hypotheses)
+            ]
             if distinct:
-                outputs = [[out[i] for i in distinct_first([t for t, _ in out], options.decoding.n_best,
-                                                           [h.finished for _, h in out])] for out in outputs]
+                outputs = [
+                    [
+                        out[i]
+                        for i in distinct_first(
+                            [t for t, _ in out],
+                            options.decoding.n_best,
+                            [h.finished for _, h in out],
+                        )
+                    ]
+                    for out in outputs
+                ]
             notes.finished = [[h.finished for _, h in out] for out in outputs]
             return [[(text, h.score) for text, h in out] for out in outputs]
 
-        align = (functools.partial(self._align_ids, source_prefix=options.source_prefix)
-                 if self.engine.attention_model is not None else None)  # else: relative positions
+        align = (
+            functools.partial(self._align_ids, source_prefix=options.source_prefix)
+            if self.engine.attention_model is not None
+            else None
+        )  # else: relative positions
         notes.n_best, notes.n_copied_unknown = with_passthrough(
-            self._passthrough, [s.strip() for s in request.sentences], request.ids, prefixes, translate,
-            options.decoding.copy_unknown, align)
+            self._passthrough,
+            [s.strip() for s in request.sentences],
+            request.ids,
+            prefixes,
+            translate,
+            options.decoding.copy_unknown,
+            align,
+        )
         return notes
 
-    def align(self, request: TranslationRequest, translations: list[str], layer: int = -1,
-              head: Optional[int] = None) -> list[list[tuple[int, int]]]:
+    def align(
+        self,
+        request: TranslationRequest,
+        translations: list[str],
+        layer: int = -1,
+        head: Optional[int] = None,
+    ) -> list[list[tuple[int, int]]]:
         """Word alignments of each sentence of `request` and its translation, from the encoder-decoder attention of
         the readable model (`decoding/alignment.py`): the translation is tokenized and fed teacher-forced, so any
         target text can be aligned, not only our own output. The source is read as translated (after the request's
@@ -227,22 +293,41 @@ class Translator:
                 or not one translation per sentence.
         """
         if len(request) != len(translations):
-            raise OptionError(f"{len(request)} sentences but {len(translations)} translations to align")
-        return self._align_ids(request.ids, translations, layer, head, request.options.source_prefix)
+            raise OptionError(
+                f"{len(request)} sentences but {len(translations)} translations to align"
+            )
+        return self._align_ids(
+            request.ids, translations, layer, head, request.options.source_prefix
+        )
 
     @torch.no_grad()
-    def _align_ids(self, ids: list[list[int]], translations: list[str], layer: int = -1, head: Optional[int] = None,
-                   source_prefix: tuple[int, ...] = ()) -> list[list[tuple[int, int]]]:
+    def _align_ids(
+        self,
+        ids: list[list[int]],
+        translations: list[str],
+        layer: int = -1,
+        head: Optional[int] = None,
+        source_prefix: tuple[int, ...] = (),
+    ) -> list[list[tuple[int, int]]]:
         """`align` of source ids (`Tokenizer.src_ids`, without the source prefix) and their translations."""
         model = self.engine.attention_model
         if model is None:
-            raise OptionError(f"{{alignment}} reads our model's attention; a {self.engine.name} engine has none to "
-                              "read", alignment=True)
+            raise OptionError(
+                f"{{alignment}} reads our model's attention; a {self.engine.name} engine has none to "
+                "read",
+                alignment=True,
+            )
         n_layers, n_heads = model.config.n_decoder_layers, model.config.n_heads
         if not -n_layers <= layer < n_layers or (head is not None and not 0 <= head < n_heads):
-            raise OptionError(f"alignment layer {layer} / head {head}: the model has {n_layers} decoder layers and "
-                              f"{n_heads} heads")
-        limit, device, n_marks = model.config.max_positions, next(model.parameters()).device, len(source_prefix)
+            raise OptionError(
+                f"alignment layer {layer} / head {head}: the model has {n_layers} decoder layers and "
+                f"{n_heads} heads"
+            )
+        limit, device, n_marks = (
+            model.config.max_positions,
+            next(model.parameters()).device,
+            len(source_prefix),
+        )
         out = []
         for sentence_ids, translation in zip(ids, translations):
             src_ids = source_within(list(source_prefix) + sentence_ids, limit)[0]  # as translated
@@ -253,14 +338,18 @@ class Translator:
             src = torch.tensor([src_ids], device=device)
             tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=device)
             _, weights = model.forward_with_attention(src, tgt_in)
-            cross = weights.cross[layer][0][..., n_marks:]  # (n_heads, tgt_len + 1, src_len), the marks off
+            cross = weights.cross[layer][0][
+                ..., n_marks:
+            ]  # (n_heads, tgt_len + 1, src_len), the marks off
             cross = cross.mean(0) if head is None else cross[head]
             src_pieces = [self.tokenizer.id_to_piece(i, "src") for i in src_ids[n_marks:-1]]
             # row k is the position that produces target piece k (its input: bos, then the pieces before it)
             out.append(align_words(cross.cpu(), src_pieces, self.tokenizer.tgt_pieces(tgt_ids)))
         return out
 
-    def _detokenize(self, tokens: list[int], prefix: Optional[str], prefix_ids: Optional[list[int]]) -> str:
+    def _detokenize(
+        self, tokens: list[int], prefix: Optional[str], prefix_ids: Optional[list[int]]
+    ) -> str:
         """The text of an output's tokens; one forced to start with `prefix` (of ids `prefix_ids`) starts with the
         prefix exactly as given, also where the vocabulary could not spell it (characters it lacks, other
         normalizations), and goes on with the text decoded after it."""
@@ -268,16 +357,27 @@ class Translator:
         if prefix is None or not prefix_ids:
             return text
         spelled, given = self.tokenizer.decode_tgt(prefix_ids), prefix.strip()
-        if spelled == given or tokens[:len(prefix_ids)] != prefix_ids or not text.startswith(spelled):
+        if (
+            spelled == given
+            or tokens[: len(prefix_ids)] != prefix_ids
+            or not text.startswith(spelled)
+        ):
             return text
         if spelled:
-            return given + text[len(spelled):]
-        rest = tokens[len(prefix_ids):]  # nothing of the prefix spelled: the space before the rest is its first piece's
-        space = " " if text and rest and self.tokenizer.id_to_piece(rest[0]).startswith("\u2581") else ""
+            return given + text[len(spelled) :]
+        rest = tokens[
+            len(prefix_ids) :
+        ]  # nothing of the prefix spelled: the space before the rest is its first piece's
+        space = (
+            " "
+            if text and rest and self.tokenizer.id_to_piece(rest[0]).startswith("\u2581")
+            else ""
+        )
         return given + space + text
 
-    def _with_eos(self, texts: list[str], ids: list[list[int]], warn: bool
-                  ) -> tuple[list[Optional[list[int]]], list[int]]:
+    def _with_eos(
+        self, texts: list[str], ids: list[list[int]], warn: bool
+    ) -> tuple[list[Optional[list[int]]], list[int]]:
         """Per stripped sentence and its source ids (the source prefix first), the ids as the engine takes them
         (`source_within`; None for an empty sentence), and the indices of those truncated (logged if `warn`)."""
         truncated: list[int] = []
@@ -291,14 +391,25 @@ class Translator:
             if cut:
                 truncated.append(i)
                 if warn:
-                    logger.warning("input %d has %d tokens, more than the model's max_positions=%d: truncated to "
-                                   "its first %d", i + 1, len(sentence_ids) + 1, limit, limit - 1)
+                    logger.warning(
+                        "input %d has %d tokens, more than the model's max_positions=%d: truncated to "
+                        "its first %d",
+                        i + 1,
+                        len(sentence_ids) + 1,
+                        limit,
+                        limit - 1,
+                    )
             out.append(within)
         return out, truncated
 
-    def decode_ids(self, src_ids: list[Optional[list[int]]], options: DecodingConfig, scores: bool = True,
-                   prefix_ids: Optional[list[Optional[list[int]]]] = None,
-                   should_stop: Optional[Callable[[], bool]] = None) -> list[list[Hypothesis]]:
+    def decode_ids(
+        self,
+        src_ids: list[Optional[list[int]]],
+        options: DecodingConfig,
+        scores: bool = True,
+        prefix_ids: Optional[list[Optional[list[int]]]] = None,
+        should_stop: Optional[Callable[[], bool]] = None,
+    ) -> list[list[Hypothesis]]:
         """Decode source id sequences with the engine, in batches of similar length (longest first); a None input
         gives `options.n_best` empty hypotheses (score 0).
 
@@ -316,19 +427,33 @@ class Translator:
         Raises:
             DecodingStopped: `should_stop()` returned True before a group of batches.
         """
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids]
-        order = sorted((i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i]))
+        results: list[list[Hypothesis]] = [
+            [Hypothesis([], 0.0, True)] * options.n_best for _ in src_ids
+        ]
+        order = sorted(
+            (i for i, ids in enumerate(src_ids) if ids is not None), key=lambda i: -len(src_ids[i])
+        )
         chunks = _sentence_batches(order, [len(ids) if ids else 0 for ids in src_ids], options)
-        batches = [SourceBatch([src_ids[i] for i in chunk],
-                               None if prefix_ids is None else [prefix_ids[i] for i in chunk]) for chunk in chunks]
+        batches = [
+            SourceBatch(
+                [src_ids[i] for i in chunk],
+                None if prefix_ids is None else [prefix_ids[i] for i in chunk],
+            )
+            for chunk in chunks
+        ]
         for chunk, decoded in zip(chunks, self._search(batches, options, scores, should_stop)):
             for i, hyps in zip(chunk, decoded):
                 results[i] = hyps
         warn_length_cap(sum(not hyps[0].finished for hyps in results), len(results), options)
         return results
 
-    def _search(self, batches: list[SourceBatch], options: DecodingConfig, scores: bool,
-                should_stop: Optional[Callable[[], bool]]) -> list[list[list[Hypothesis]]]:
+    def _search(
+        self,
+        batches: list[SourceBatch],
+        options: DecodingConfig,
+        scores: bool,
+        should_stop: Optional[Callable[[], bool]],
+    ) -> list[list[list[Hypothesis]]]:
         """`engine.search` of the batches: in one call, or, with `should_stop`, one call per group of
         `engine.workers` batches, each after asking `should_stop()` (DecodingStopped when True)."""
         if should_stop is None:
@@ -338,18 +463,23 @@ class Translator:
         for start in range(0, len(batches), step):
             if should_stop():
                 raise DecodingStopped(f"stopped before batch {start + 1} of {len(batches)}")
-            decoded += self.engine.search(batches[start:start + step], options, scores)
+            decoded += self.engine.search(batches[start : start + step], options, scores)
         return decoded
 
 
-def _sentence_batches(order: list[int], lengths: list[int], options: DecodingConfig) -> list[list[int]]:
+def _sentence_batches(
+    order: list[int], lengths: list[int], options: DecodingConfig
+) -> list[list[int]]:
     """Cut `order` (sorted longest first) into batches of at most batch_size sentences and, if
     max_tokens_per_batch is set, at most that many padded source tokens."""
     batches: list[list[int]] = [[]]
     for i in order:
         batch = batches[-1]
-        too_many_tokens = (options.max_tokens_per_batch and batch
-                           and (len(batch) + 1) * lengths[batch[0]] > options.max_tokens_per_batch)
+        too_many_tokens = (
+            options.max_tokens_per_batch
+            and batch
+            and (len(batch) + 1) * lengths[batch[0]] > options.max_tokens_per_batch
+        )
         if len(batch) == options.batch_size or too_many_tokens:
             batches.append([])
         batches[-1].append(i)

@@ -7,7 +7,12 @@ import pytest
 from transformer.config import ConfigError, DataConfig, config_from_dict
 from transformer.config.languages import Corpus, language_token, target_languages
 from transformer.data import EncodedPairs, token_batches
-from transformer.data.mixing import direction_probabilities, direction_shares, draw_indices, mix_directions
+from transformer.data.mixing import (
+    direction_probabilities,
+    direction_shares,
+    draw_indices,
+    mix_directions,
+)
 
 
 def test_language_tokens_are_named_as_opus_mt_names_them():

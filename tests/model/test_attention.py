@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from transformer.model.attention import KVCache, MultiHeadAttention, causal_mask, make_key_padding_mask
+from transformer.model.attention import (
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    make_key_padding_mask,
+)
 
 
 def _attention(seed=0, dropout=0.0):

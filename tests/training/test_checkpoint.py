@@ -195,7 +195,12 @@ def test_an_fp16_runs_loss_scale_is_saved_and_restored(trained_run, tmp_path):
     --resume, so that a resumed fp16 run does not restart at the initial scale and skip updates to find it again.
     (The scaler runs on the CPU here; training refuses fp16 off CUDA, but the saved state is the same.)"""
     from transformer.checkpoint import load_for_inference
-    from transformer.training.checkpoint import TrainState, checkpoint_path, restore, save_training_checkpoint
+    from transformer.training.checkpoint import (
+        TrainState,
+        checkpoint_path,
+        restore,
+        save_training_checkpoint,
+    )
     from transformer.training.distributed import Distributed
     from transformer.training.optim import build_optimizer
 

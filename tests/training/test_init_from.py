@@ -18,7 +18,12 @@ from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
 from transformer.config import read_raw_config
 from transformer.engines import load_model
-from transformer.training.init_from import content_sha256, fine_tuning_config, load_source, run_config
+from transformer.training.init_from import (
+    content_sha256,
+    fine_tuning_config,
+    load_source,
+    run_config,
+)
 from transformer.training.trainer import TrainingInterrupted, train
 
 FINE_TUNE = {"training": {"max_steps": 10, "warmup_steps": 5, "lr_scale": 0.05, "log_every_steps": 5,

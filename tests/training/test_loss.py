@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from tests.conftest import random_tokens, tiny_model
-from transformer.training.loss import CHUNK_ROWS, LossComputation, chunk_rows, projected_label_smoothed_cross_entropy
+from transformer.training.loss import (
+    CHUNK_ROWS,
+    LossComputation,
+    chunk_rows,
+    projected_label_smoothed_cross_entropy,
+)
 
 PAD = 0
 

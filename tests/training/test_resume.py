@@ -21,7 +21,12 @@ from transformer.config import ConfigError, load_config, override_config
 from transformer.training import trainer
 from transformer.training.checkpoint import RESUME_MAY_CHANGE, TrainState, check_resume_config
 from transformer.training.optim import learning_rate
-from transformer.training.stop import MAX_SCALE_SEARCH, MIN_LOSS_SCALE, NonFiniteLossError, count_skipped_update
+from transformer.training.stop import (
+    MAX_SCALE_SEARCH,
+    MIN_LOSS_SCALE,
+    NonFiniteLossError,
+    count_skipped_update,
+)
 from transformer.training.trainer import TrainingInterrupted, train
 
 TINY = {"model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1},

@@ -4,18 +4,34 @@
 from .errors import ConfigError, OptionError
 from .loading import config_from_dict, load_config, override_config, read_raw_config, save_config
 from .sections import (
-                       BOS_ID,
-                       EOS_ID,
-                       PAD_ID,
-                       UNK_ID,
-                       Config,
-                       DataConfig,
-                       DecodingConfig,
-                       TrainingConfig,
-                       TransformerConfig,
-                       check_trainable,
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Config,
+    DataConfig,
+    DecodingConfig,
+    TrainingConfig,
+    TransformerConfig,
+    check_trainable,
 )
 
-__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Config", "ConfigError", "DataConfig", "DecodingConfig",
-           "OptionError", "TrainingConfig", "TransformerConfig", "check_trainable", "config_from_dict", "load_config",
-           "override_config", "read_raw_config", "save_config"]
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DecodingConfig",
+    "OptionError",
+    "TrainingConfig",
+    "TransformerConfig",
+    "check_trainable",
+    "config_from_dict",
+    "load_config",
+    "override_config",
+    "read_raw_config",
+    "save_config",
+]

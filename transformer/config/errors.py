@@ -12,7 +12,9 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range: `message` as printed (naming the
     key), `key` the key path at fault where one is ("decoding.n_best"; else None), `detail` the message without it."""
 
-    def __init__(self, message: str, key: Optional[str] = None, detail: Optional[str] = None) -> None:
+    def __init__(
+        self, message: str, key: Optional[str] = None, detail: Optional[str] = None
+    ) -> None:
         super().__init__(message)
         self.key, self.detail = key, detail if detail is not None else message
 
@@ -35,11 +37,22 @@ class OptionError(ConfigError):
 
     def as_flags(self) -> str:
         """The message with each parameter spelled as its command-line flag."""
-        return self._spell(lambda name, value: f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}"))
+        return self._spell(
+            lambda name, value: (
+                f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+            )
+        )
 
     def _spell(self, spelling: Callable[[str, object], str]) -> str:
-        return re.sub(r"\{(\w+)\}", lambda m: spelling(m.group(1), self.values[m.group(1)])
-                      if m.group(1) in self.values else m.group(0), self.template)
+        return re.sub(
+            r"\{(\w+)\}",
+            lambda m: (
+                spelling(m.group(1), self.values[m.group(1)])
+                if m.group(1) in self.values
+                else m.group(0)
+            ),
+            self.template,
+        )
 
 
 def _require(condition: bool, key: str, message: str) -> None:

@@ -19,12 +19,51 @@ from typing import Any, Optional
 from .errors import ConfigError, _require
 
 OPUS_CODES = {
-    "ar": "ara", "bg": "bul", "ca": "cat", "cs": "ces", "cy": "cym", "da": "dan", "de": "deu", "el": "ell",
-    "en": "eng", "es": "spa", "et": "est", "eu": "eus", "fi": "fin", "fr": "fra", "ga": "gle", "gl": "glg",
-    "he": "heb", "hi": "hin", "hr": "hrv", "hu": "hun", "hy": "hye", "id": "ind", "is": "isl", "it": "ita",
-    "ja": "jpn", "ka": "kat", "ko": "kor", "lt": "lit", "lv": "lav", "mk": "mkd", "mt": "mlt", "nl": "nld",
-    "pl": "pol", "pt": "por", "ro": "ron", "ru": "rus", "sk": "slk", "sl": "slv", "sq": "sqi", "sr": "srp",
-    "sv": "swe", "th": "tha", "tr": "tur", "uk": "ukr", "vi": "vie",
+    "ar": "ara",
+    "bg": "bul",
+    "ca": "cat",
+    "cs": "ces",
+    "cy": "cym",
+    "da": "dan",
+    "de": "deu",
+    "el": "ell",
+    "en": "eng",
+    "es": "spa",
+    "et": "est",
+    "eu": "eus",
+    "fi": "fin",
+    "fr": "fra",
+    "ga": "gle",
+    "gl": "glg",
+    "he": "heb",
+    "hi": "hin",
+    "hr": "hrv",
+    "hu": "hun",
+    "hy": "hye",
+    "id": "ind",
+    "is": "isl",
+    "it": "ita",
+    "ja": "jpn",
+    "ka": "kat",
+    "ko": "kor",
+    "lt": "lit",
+    "lv": "lav",
+    "mk": "mkd",
+    "mt": "mlt",
+    "nl": "nld",
+    "pl": "pol",
+    "pt": "por",
+    "ro": "ron",
+    "ru": "rus",
+    "sk": "slk",
+    "sl": "slv",
+    "sq": "sqi",
+    "sr": "srp",
+    "sv": "swe",
+    "th": "tha",
+    "tr": "tur",
+    "uk": "ukr",
+    "vi": "vie",
 }
 """ISO 639-1 code -> the ISO 639-3 code OPUS-MT's target-language tokens use (`>>fra<<`). Codes not listed (a
 three-letter code already, or one such as Chinese and Norwegian, where OPUS-MT names scripts or variants:
@@ -89,10 +128,13 @@ def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
     for i, sentence in enumerate(sentences):
         written = _WRITTEN_TOKEN.match(sentence)
         if written and written.group(1) != language_token(tgt_lang):
-            raise WrittenLanguageError(f"a sentence starts with {written.group(1)} but the target language is "
-                                       f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
-                                       f"and a token written at the start of a sentence must name the same one", i)
-        out.append(sentence[written.end():] if written else sentence)
+            raise WrittenLanguageError(
+                f"a sentence starts with {written.group(1)} but the target language is "
+                f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
+                f"and a token written at the start of a sentence must name the same one",
+                i,
+            )
+        out.append(sentence[written.end() :] if written else sentence)
     return out
 
 
@@ -104,8 +146,11 @@ def parse_direction(direction: str) -> tuple[str, str]:
             data.directions.
     """
     parts = direction.split("-") if isinstance(direction, str) else []
-    _require(len(parts) == 2 and all(_CODE.fullmatch(p) for p in parts) and parts[0] != parts[1], "data.directions",
-             f"each direction is 'src-tgt' with two different language codes (e.g. de-en), got {direction!r}")
+    _require(
+        len(parts) == 2 and all(_CODE.fullmatch(p) for p in parts) and parts[0] != parts[1],
+        "data.directions",
+        f"each direction is 'src-tgt' with two different language codes (e.g. de-en), got {direction!r}",
+    )
     return parts[0], parts[1]
 
 
@@ -116,23 +161,37 @@ def check_directions(data: Any) -> None:
         ConfigError: a malformed or repeated direction, a temperature below 1, or several languages with
             data.joint_vocab false (one vocabulary must spell every language and hold the tokens).
     """
-    _require(data.direction_temperature >= 1.0, "data.direction_temperature",
-             f"must be at least 1 (1: directions in proportion to their sizes; larger: closer to uniform), got "
-             f"{data.direction_temperature}")
+    _require(
+        data.direction_temperature >= 1.0,
+        "data.direction_temperature",
+        f"must be at least 1 (1: directions in proportion to their sizes; larger: closer to uniform), got "
+        f"{data.direction_temperature}",
+    )
     if not data.directions:
         return
-    _require(isinstance(data.directions, (list, tuple)), "data.directions",
-             f"a list of 'src-tgt' strings, e.g. [de-en, fr-en], got {data.directions!r}")
+    _require(
+        isinstance(data.directions, (list, tuple)),
+        "data.directions",
+        f"a list of 'src-tgt' strings, e.g. [de-en, fr-en], got {data.directions!r}",
+    )
     pairs = [parse_direction(d) for d in data.directions]
     repeated = sorted({d for d in data.directions if data.directions.count(d) > 1})
     _require(not repeated, "data.directions", f"{', '.join(repeated)} listed more than once")
-    _require(data.joint_vocab, "data.joint_vocab", "a multilingual run (data.directions) needs one joint "
-             "vocabulary for every language and its tokens: set data.joint_vocab: true")
+    _require(
+        data.joint_vocab,
+        "data.joint_vocab",
+        "a multilingual run (data.directions) needs one joint "
+        "vocabulary for every language and its tokens: set data.joint_vocab: true",
+    )
     tokens = {}
     for _, tgt in pairs:
         other = tokens.setdefault(language_token(tgt), tgt)
-        _require(other == tgt, "data.directions", f"target languages {other} and {tgt} have the same token "
-                 f"{language_token(tgt)}: use one code for one language")
+        _require(
+            other == tgt,
+            "data.directions",
+            f"target languages {other} and {tgt} have the same token "
+            f"{language_token(tgt)}: use one code for one language",
+        )
 
 
 @dataclass(frozen=True)
@@ -164,14 +223,18 @@ class Corpus:
 
     @property
     def direction(self) -> str:
-        """"src-tgt", e.g. "de-en"."""
+        """ "src-tgt", e.g. "de-en"."""
         return f"{self.src_lang}-{self.tgt_lang}"
 
     def section(self, data: Any) -> Any:
         """The data section that reads this corpus: `data` with its languages as src_lang and tgt_lang, and this
         corpus its only one (so that file names, token caches and samples are this corpus's)."""
-        view = dataclasses.replace(data, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
-                                   directions=[self.direction] if self.name else [])
+        view = dataclasses.replace(
+            data,
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            directions=[self.direction] if self.name else [],
+        )
         object.__setattr__(view, "corpora", (self,))
         return view
 
@@ -180,8 +243,10 @@ def corpora_of(data: Any) -> tuple[Corpus, ...]:
     """The corpora of a data section, the one place that reads its short or long form: one per entry of
     data.directions (named by it, with its target language's token), else (src_lang, tgt_lang) with no marks."""
     if data.directions:
-        return tuple(Corpus(src, tgt, name=direction, language_token=language_token(tgt))
-                     for direction, (src, tgt) in ((d, parse_direction(d)) for d in data.directions))
+        return tuple(
+            Corpus(src, tgt, name=direction, language_token=language_token(tgt))
+            for direction, (src, tgt) in ((d, parse_direction(d)) for d in data.directions)
+        )
     return (Corpus(data.src_lang, data.tgt_lang),)
 
 
@@ -236,11 +301,15 @@ def resolve_target(data: Any, tgt_lang: Optional[str]) -> TargetLanguage:
     if code is not None:
         return TargetLanguage(code, tokens[code])
     if tgt_lang is None:
-        detail = (f"this model translates into {len(languages)} languages: give the one to translate into, one of "
-                  f"{', '.join(languages)}")
+        detail = (
+            f"this model translates into {len(languages)} languages: give the one to translate into, one of "
+            f"{', '.join(languages)}"
+        )
     elif not any(tokens.values()):
-        detail = (f"this model translates {describe(data)} only; tgt_lang {tgt_lang!r} is not its language (give "
-                  f"{languages[0]} or leave it out)")
+        detail = (
+            f"this model translates {describe(data)} only; tgt_lang {tgt_lang!r} is not its language (give "
+            f"{languages[0]} or leave it out)"
+        )
     else:
         detail = f"this model translates into {', '.join(languages)}, not {tgt_lang!r}"
     raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)

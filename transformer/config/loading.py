@@ -27,7 +27,12 @@ from .sections import (
     check_trainable,
 )
 
-_SECTIONS = {"model": TransformerConfig, "data": DataConfig, "training": TrainingConfig, "decoding": DecodingConfig}
+_SECTIONS = {
+    "model": TransformerConfig,
+    "data": DataConfig,
+    "training": TrainingConfig,
+    "decoding": DecodingConfig,
+}
 
 
 def _type_name(tp: Any) -> str:
@@ -54,8 +59,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return None
     if origin is tuple:
         args = typing.get_args(tp)
-        _require(isinstance(value, (list, tuple)) and len(value) == len(args), key,
-                 f"expected a list of {len(args)} numbers, got {value!r}")
+        _require(
+            isinstance(value, (list, tuple)) and len(value) == len(args),
+            key,
+            f"expected a list of {len(args)} numbers, got {value!r}",
+        )
         return tuple(_coerce(v, a, key) for v, a in zip(value, args))
     if origin is list:
         _require(isinstance(value, (list, tuple)), key, f"expected a list, got {value!r}")
@@ -67,11 +75,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
         return value
     if tp is int:
-        _require(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            key,
+            f"expected an integer, got {value!r}",
+        )
         return value
     if tp is float:
-        _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-                 f"expected a number, got {value!r}")
+        _require(
+            isinstance(value, (int, float)) and not isinstance(value, bool),
+            key,
+            f"expected a number, got {value!r}",
+        )
         return float(value)
     if tp is str:
         _require(isinstance(value, str), key, f"expected a string, got {value!r}")
@@ -83,28 +98,42 @@ def _section_kwargs(cls: type, values: Any, section: str) -> dict[str, Any]:
     """Type-check one section's mapping against the fields of `cls`; returns the constructor kwargs."""
     _require(isinstance(values, dict), section, f"expected a mapping of keys, got {values!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if not (section == "model" and f.name in _DERIVED_MODEL_KEYS)]
+    names = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if not (section == "model" and f.name in _DERIVED_MODEL_KEYS)
+    ]
     kwargs = {}
     for key, value in values.items():
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {section}.{close[0]}?" if close else f"; allowed: {', '.join(names)}"
+            hint = (
+                f"; did you mean {section}.{close[0]}?"
+                if close
+                else f"; allowed: {', '.join(names)}"
+            )
             raise ConfigError(f"{section}.{key}: unknown key{hint}")
         kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
     return kwargs
 
 
-def _apply_override(raw: dict[str, Any], override: str, sections: tuple[str, ...] = tuple(_SECTIONS)) -> None:
+def _apply_override(
+    raw: dict[str, Any], override: str, sections: tuple[str, ...] = tuple(_SECTIONS)
+) -> None:
     """Apply one `section.key=value` override (value parsed as YAML) to the raw mapping."""
     if "=" not in override:
-        raise ConfigError(f"--set {override!r}: expected the form section.key=value, e.g. {sections[-1]}.KEY=VALUE")
+        raise ConfigError(
+            f"--set {override!r}: expected the form section.key=value, e.g. {sections[-1]}.KEY=VALUE"
+        )
     dotted, text = override.split("=", 1)
     parts = dotted.strip().split(".")
     if len(parts) != 2 or parts[0] not in sections:
         close = difflib.get_close_matches(parts[0], sections, n=1) if len(parts) == 2 else []
         hint = f"; did you mean {close[0]}.{parts[1]}?" if close else ""
-        raise ConfigError(f"--set {override!r}: the key must be section.key with a section among "
-                          f"{', '.join(sections)}{hint}")
+        raise ConfigError(
+            f"--set {override!r}: the key must be section.key with a section among "
+            f"{', '.join(sections)}{hint}"
+        )
     section = raw.setdefault(parts[0], {})
     if section is None:
         section = raw[parts[0]] = {}
@@ -121,24 +150,41 @@ def config_from_dict(raw: dict[str, Any], vocab_sizes: Optional[tuple[int, int]]
     Raises:
         ConfigError: naming the key path of the first invalid, unknown or missing value.
     """
-    _require(isinstance(raw, dict), "config", "the file must hold a mapping with sections "
-             f"{', '.join(_SECTIONS)}")
+    _require(
+        isinstance(raw, dict),
+        "config",
+        f"the file must hold a mapping with sections {', '.join(_SECTIONS)}",
+    )
     for key in raw:
         if key not in _SECTIONS:
             close = difflib.get_close_matches(str(key), list(_SECTIONS), n=1)
-            hint = f"did you mean {close[0]}?" if close else f"allowed sections: {', '.join(_SECTIONS)}"
+            hint = (
+                f"did you mean {close[0]}?"
+                if close
+                else f"allowed sections: {', '.join(_SECTIONS)}"
+            )
             raise ConfigError(f"{key}: unknown section; {hint}")
-    kwargs = {name: _section_kwargs(cls, raw.get(name) or {}, name) for name, cls in _SECTIONS.items()}
+    kwargs = {
+        name: _section_kwargs(cls, raw.get(name) or {}, name) for name, cls in _SECTIONS.items()
+    }
     data = DataConfig(**kwargs["data"])
     if vocab_sizes is None:
         vocab_sizes = (data.vocab_size, data.vocab_size)
     if kwargs["model"].get("share_all_embeddings") and not data.joint_vocab:
-        raise ConfigError("model.share_all_embeddings: sharing source, target and output embeddings needs one "
-                          "joint vocabulary; set data.joint_vocab: true, or keep only model.tie_embeddings "
-                          "(target embedding and output projection)")
-    model = TransformerConfig(src_vocab_size=vocab_sizes[0], tgt_vocab_size=vocab_sizes[1], **kwargs["model"])
-    return Config(model=model, data=data, training=TrainingConfig(**kwargs["training"]),
-                  decoding=DecodingConfig(**kwargs["decoding"]))
+        raise ConfigError(
+            "model.share_all_embeddings: sharing source, target and output embeddings needs one "
+            "joint vocabulary; set data.joint_vocab: true, or keep only model.tie_embeddings "
+            "(target embedding and output projection)"
+        )
+    model = TransformerConfig(
+        src_vocab_size=vocab_sizes[0], tgt_vocab_size=vocab_sizes[1], **kwargs["model"]
+    )
+    return Config(
+        model=model,
+        data=data,
+        training=TrainingConfig(**kwargs["training"]),
+        decoding=DecodingConfig(**kwargs["decoding"]),
+    )
 
 
 def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Config:
@@ -149,10 +195,14 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
             the message starts with the file name (and the overrides, if any) and names the key path.
     """
-    return _with_overrides(read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None, check_trainable)
+    return _with_overrides(
+        read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None, check_trainable
+    )
 
 
-def read_raw_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+def read_raw_config(
+    path: str | Path, overrides: tuple[str, ...] | list[str] = ()
+) -> dict[str, Any]:
     """The YAML recipe as a plain mapping, with the overrides applied but nothing validated or filled in: what the
     file and the command line set (fine-tuning compares it with the model it starts from).
 
@@ -175,8 +225,12 @@ def read_raw_config(path: str | Path, overrides: tuple[str, ...] | list[str] = (
     return raw
 
 
-def override_config(config: Config, overrides: tuple[str, ...] | list[str],
-                    sections: tuple[str, ...] = tuple(_SECTIONS), source: str = "config") -> Config:
+def override_config(
+    config: Config,
+    overrides: tuple[str, ...] | list[str],
+    sections: tuple[str, ...] = tuple(_SECTIONS),
+    source: str = "config",
+) -> Config:
     """`config` with `section.key=value` overrides applied and validated, as `load_config` applies them.
 
     Args:
@@ -190,9 +244,14 @@ def override_config(config: Config, overrides: tuple[str, ...] | list[str],
     return _with_overrides(config.to_dict(), overrides, sections, source, vocab_sizes)
 
 
-def _with_overrides(raw: dict[str, Any], overrides: tuple[str, ...] | list[str], sections: tuple[str, ...],
-                    source: str, vocab_sizes: Optional[tuple[int, int]],
-                    check: Callable[[Config], None] = lambda config: None) -> Config:
+def _with_overrides(
+    raw: dict[str, Any],
+    overrides: tuple[str, ...] | list[str],
+    sections: tuple[str, ...],
+    source: str,
+    vocab_sizes: Optional[tuple[int, int]],
+    check: Callable[[Config], None] = lambda config: None,
+) -> Config:
     try:
         for override in overrides:
             _apply_override(raw, override, sections)

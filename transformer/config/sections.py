@@ -71,23 +71,43 @@ class TransformerConfig:
     """A bias on the pre-softmax projection (not in the paper; Marian models have one)."""
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
-                     "n_encoder_layers", "n_decoder_layers", "max_positions"):
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "max_positions",
+        ):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"model.{name}",
-                     f"must be a positive integer, got {value!r}")
-        _require(self.d_model % self.n_heads == 0, "model.d_model",
-                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+            _require(
+                isinstance(value, int) and value > 0,
+                f"model.{name}",
+                f"must be a positive integer, got {value!r}",
+            )
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}",
+        )
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value!r}")
-        _require(self.activation in ACTIVATIONS, "model.activation",
-                 f"must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        _require(
+            self.activation in ACTIVATIONS,
+            "model.activation",
+            f"must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}",
+        )
         if self.share_all_embeddings:
-            _require(self.src_vocab_size == self.tgt_vocab_size, "model.share_all_embeddings",
-                     "sharing source, target and output embeddings needs one joint vocabulary "
-                     f"(got src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}); "
-                     "set data.joint_vocab: true, or keep only model.tie_embeddings (target and output)")
+            _require(
+                self.src_vocab_size == self.tgt_vocab_size,
+                "model.share_all_embeddings",
+                "sharing source, target and output embeddings needs one joint vocabulary "
+                f"(got src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}); "
+                "set data.joint_vocab: true, or keep only model.tie_embeddings (target and output)",
+            )
 
     @property
     def d_head(self) -> int:
@@ -192,29 +212,70 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_directions(self)
-        object.__setattr__(self, "corpora", corpora_of(self))  # derived, not a field: saved configs keep their keys
-        _require(bool(self.src_lang) and bool(self.tgt_lang), "data.src_lang", "languages must be non-empty")
-        _require(self.src_lang != self.tgt_lang, "data.tgt_lang",
-                 f"source and target language are both {self.src_lang!r}")
-        for name in ("vocab_size", "max_len", "max_tokens_per_batch", "pool_factor", "spm_max_sentences"):
+        object.__setattr__(
+            self, "corpora", corpora_of(self)
+        )  # derived, not a field: saved configs keep their keys
+        _require(
+            bool(self.src_lang) and bool(self.tgt_lang),
+            "data.src_lang",
+            "languages must be non-empty",
+        )
+        _require(
+            self.src_lang != self.tgt_lang,
+            "data.tgt_lang",
+            f"source and target language are both {self.src_lang!r}",
+        )
+        for name in (
+            "vocab_size",
+            "max_len",
+            "max_tokens_per_batch",
+            "pool_factor",
+            "spm_max_sentences",
+        ):
             value = getattr(self, name)
             _require(value > 0, f"data.{name}", f"must be a positive integer, got {value}")
-        _require(self.vocab_size > 8, "data.vocab_size", f"must be larger than 8, got {self.vocab_size}")
-        _require(self.max_tokens_per_batch >= self.max_len, "data.max_tokens_per_batch",
-                 f"must be at least data.max_len={self.max_len} so that every kept pair fits a batch")
-        _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type",
-                 f"must be 'bpe' or 'unigram', got {self.spm_model_type!r}")
+        _require(
+            self.vocab_size > 8, "data.vocab_size", f"must be larger than 8, got {self.vocab_size}"
+        )
+        _require(
+            self.max_tokens_per_batch >= self.max_len,
+            "data.max_tokens_per_batch",
+            f"must be at least data.max_len={self.max_len} so that every kept pair fits a batch",
+        )
+        _require(
+            self.spm_model_type in ("bpe", "unigram"),
+            "data.spm_model_type",
+            f"must be 'bpe' or 'unigram', got {self.spm_model_type!r}",
+        )
         _require(self.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0")
-        _require(self.unknown_characters in ("warn", "refuse"), "data.unknown_characters",
-                 f"must be 'warn' or 'refuse', got {self.unknown_characters!r}")
-        _require(0.0 < self.subword_alpha <= 1.0 if self.spm_model_type == "bpe" else self.subword_alpha > 0.0,
-                 "data.subword_alpha", f"must be in (0, 1] for a bpe model (the merge dropout probability) and > 0 for "
-                 f"a unigram model, got {self.subword_alpha}")
-        _require(self.subword_workers >= 1, "data.subword_workers", f"must be at least 1, got {self.subword_workers}")
-        _require(self.subword_nbest_size >= 2, "data.subword_nbest_size",
-                 f"must be at least 2 (segmentations to sample from), got {self.subword_nbest_size}")
-        _require(self.path is not None or self.hf_dataset is not None, "data.path",
-                 "set data.path (a local folder) or data.hf_dataset (a Hugging Face dataset id)")
+        _require(
+            self.unknown_characters in ("warn", "refuse"),
+            "data.unknown_characters",
+            f"must be 'warn' or 'refuse', got {self.unknown_characters!r}",
+        )
+        _require(
+            0.0 < self.subword_alpha <= 1.0
+            if self.spm_model_type == "bpe"
+            else self.subword_alpha > 0.0,
+            "data.subword_alpha",
+            f"must be in (0, 1] for a bpe model (the merge dropout probability) and > 0 for "
+            f"a unigram model, got {self.subword_alpha}",
+        )
+        _require(
+            self.subword_workers >= 1,
+            "data.subword_workers",
+            f"must be at least 1, got {self.subword_workers}",
+        )
+        _require(
+            self.subword_nbest_size >= 2,
+            "data.subword_nbest_size",
+            f"must be at least 2 (segmentations to sample from), got {self.subword_nbest_size}",
+        )
+        _require(
+            self.path is not None or self.hf_dataset is not None,
+            "data.path",
+            "set data.path (a local folder) or data.hf_dataset (a Hugging Face dataset id)",
+        )
 
     @property
     def corpus(self) -> Corpus:
@@ -296,27 +357,66 @@ class TrainingConfig:
     """SHA-256 of init_from's content (the file, or the folder's files), recorded when the run started."""
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "warmup_steps", "accumulate_steps", "log_every_steps", "eval_every_steps",
-                     "max_nonfinite_steps"):
+        for name in (
+            "max_steps",
+            "warmup_steps",
+            "accumulate_steps",
+            "log_every_steps",
+            "eval_every_steps",
+            "max_nonfinite_steps",
+        ):
             value = getattr(self, name)
             _require(value > 0, f"training.{name}", f"must be a positive integer, got {value}")
-        for name in ("max_epochs", "patience", "keep_last_checkpoints", "threads", "save_every_steps"):
-            _require(getattr(self, name) >= 0, f"training.{name}", f"must be >= 0, got {getattr(self, name)}")
+        for name in (
+            "max_epochs",
+            "patience",
+            "keep_last_checkpoints",
+            "threads",
+            "save_every_steps",
+        ):
+            _require(
+                getattr(self, name) >= 0,
+                f"training.{name}",
+                f"must be >= 0, got {getattr(self, name)}",
+            )
         _require(self.lr_scale > 0, "training.lr_scale", f"must be positive, got {self.lr_scale}")
-        _require(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
-                 f"must be in [0, 1), got {self.label_smoothing}")
-        _require(self.clip_grad_norm >= 0, "training.clip_grad_norm", "must be >= 0 (0 disables clipping)")
-        _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "training.adam_betas", "both must be in [0, 1)")
+        _require(
+            0.0 <= self.label_smoothing < 1.0,
+            "training.label_smoothing",
+            f"must be in [0, 1), got {self.label_smoothing}",
+        )
+        _require(
+            self.clip_grad_norm >= 0,
+            "training.clip_grad_norm",
+            "must be >= 0 (0 disables clipping)",
+        )
+        _require(
+            all(0.0 <= b < 1.0 for b in self.adam_betas),
+            "training.adam_betas",
+            "both must be in [0, 1)",
+        )
         _require(self.adam_eps > 0, "training.adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "training.weight_decay", "must be >= 0")
-        _require(self.lr_schedule in ("inverse_sqrt", "linear", "cosine"), "training.lr_schedule",
-                 f"must be inverse_sqrt, linear or cosine, got {self.lr_schedule!r}")
-        _require(self.lr_schedule == "inverse_sqrt" or self.warmup_steps < self.max_steps, "training.warmup_steps",
-                 f"must be below training.max_steps ({self.max_steps}) for the {self.lr_schedule} schedule")
-        _require(self.precision in ("fp32", "bf16", "fp16", "auto"), "training.precision",
-                 f"must be fp32, bf16, fp16 or auto, got {self.precision!r}")
-        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "training.device",
-                 f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _require(
+            self.lr_schedule in ("inverse_sqrt", "linear", "cosine"),
+            "training.lr_schedule",
+            f"must be inverse_sqrt, linear or cosine, got {self.lr_schedule!r}",
+        )
+        _require(
+            self.lr_schedule == "inverse_sqrt" or self.warmup_steps < self.max_steps,
+            "training.warmup_steps",
+            f"must be below training.max_steps ({self.max_steps}) for the {self.lr_schedule} schedule",
+        )
+        _require(
+            self.precision in ("fp32", "bf16", "fp16", "auto"),
+            "training.precision",
+            f"must be fp32, bf16, fp16 or auto, got {self.precision!r}",
+        )
+        _require(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            "training.device",
+            f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
+        )
 
 
 def _option(default: Any, help: str, metavar: Optional[str] = None) -> Any:
@@ -332,27 +432,42 @@ class DecodingConfig:
 
     beam_size: int = _option(4, "beam size; 1 is greedy decoding")
     length_penalty: float = _option(0.6, "α of the length penalty ((5+|Y|)/6)^α; 0 disables it")
-    n_best: int = _option(1, "hypotheses per input, best first, with their scores (with sampling: independent "
-                          "samples); translate prints them as 'index<TAB>score<TAB>text'")
+    n_best: int = _option(
+        1,
+        "hypotheses per input, best first, with their scores (with sampling: independent "
+        "samples); translate prints them as 'index<TAB>score<TAB>text'",
+    )
     max_len_a: float = _option(1.5, "output length cap: max_len_a * src_len + max_len_b tokens")
     max_len_b: int = _option(10, "see max_len_a")
     min_len: int = _option(0, "tokens that must come before eos may be produced")
     batch_size: int = _option(64, "sentences decoded together")
-    max_tokens_per_batch: int = _option(0, "if > 0, batches also hold at most this many padded source tokens")
-    no_repeat_ngram_size: int = _option(0, "no output repeats an N-gram of pieces (0: off; eos is never blocked)",
-                                        "N")
-    max_repeat: int = _option(3, "no output has one piece more than R times in a row (default 3; 0: no limit)", "R")
+    max_tokens_per_batch: int = _option(
+        0, "if > 0, batches also hold at most this many padded source tokens"
+    )
+    no_repeat_ngram_size: int = _option(
+        0, "no output repeats an N-gram of pieces (0: off; eos is never blocked)", "N"
+    )
+    max_repeat: int = _option(
+        3, "no output has one piece more than R times in a row (default 3; 0: no limit)", "R"
+    )
     """If R > 0, no output has one piece more than R times in a row (greedy, beam search and sampling): it stops the
     loops of one subword ("Marininininin") a model can fall into on a word it barely knows. 0: no limit."""
-    sampling: bool = _option(False, "draw each token at random from the model's distribution (beam size 1; with "
-                             "n_best K: K samples per input)")
+    sampling: bool = _option(
+        False,
+        "draw each token at random from the model's distribution (beam size 1; with "
+        "n_best K: K samples per input)",
+    )
     """Draw each token from the model's distribution (filtered by top_k / top_p, sharpened by temperature) instead
     of searching; beam_size must be 1, and n_best is the number of independent samples per input."""
     top_k: int = _option(0, "with sampling: draw among the K most probable tokens (0: all)", "K")
     """With sampling: keep the K most probable tokens (and any tied with the K-th); 1 is greedy; 0 or K >= the
     vocabulary: all."""
-    top_p: float = _option(1.0, "with sampling: draw among the fewest most probable tokens whose probabilities sum "
-                           "to at least P (the nucleus)", "P")
+    top_p: float = _option(
+        1.0,
+        "with sampling: draw among the fewest most probable tokens whose probabilities sum "
+        "to at least P (the nucleus)",
+        "P",
+    )
     """With sampling: in (0, 1]; the most probable token is always kept, so a P below its probability is greedy;
     1: all tokens."""
     temperature: float = _option(1.0, "with sampling: divide the logits by T (default 1)", "T")
@@ -362,40 +477,84 @@ class DecodingConfig:
     seed: int = _option(0, "with sampling: the random seed (same seed and line, same samples)")
     """With sampling: the random stream of a sentence depends on this, its source tokens and the sample's number
     only, so an input gets the same samples whatever else is decoded with it."""
-    copy_unknown: bool = _option(True, "copy text the vocabulary lacks (emoji, other scripts) through untranslated; "
-                                 "off: the model sees it as unk")
+    copy_unknown: bool = _option(
+        True,
+        "copy text the vocabulary lacks (emoji, other scripts) through untranslated; "
+        "off: the model sees it as unk",
+    )
     """Text the source vocabulary cannot represent (emoji, symbols, other scripts) is taken out before translating and
     put back, unchanged, into the translation (`transformer/passthrough.py`); false: it reaches the model as unk."""
-    tgt_lang: Optional[str] = _option(None, "the language to translate into (a code such as fr): a multilingual "
-                                      "model needs it; a bilingual one takes only its own", "LANG")
+    tgt_lang: Optional[str] = _option(
+        None,
+        "the language to translate into (a code such as fr): a multilingual "
+        "model needs it; a bilingual one takes only its own",
+        "LANG",
+    )
     """The target language: put as its token (`>>fra<<`) at the start of each source of a multilingual model; None
     with one is refused, naming its languages. A bilingual model accepts None or its own data.tgt_lang. A code is
     matched to the model's as their tokens are, without case: fra and FR name fr (`languages.find_language`)."""
 
     def __post_init__(self) -> None:
-        _require(self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)")
-        _require(self.beam_size > 0, "decoding.beam_size", f"must be a positive integer, got {self.beam_size}")
-        _require(not self.sampling or self.beam_size == 1, "decoding.beam_size",
-                 f"sampling draws one token at a time: beam_size must be 1, got {self.beam_size}")
-        _require(0 < self.n_best <= (256 if self.sampling else self.beam_size), "decoding.n_best",
-                 f"must be between 1 and 256 samples, got {self.n_best}" if self.sampling else
-                 f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}")
-        _require(self.no_repeat_ngram_size >= 0, "decoding.no_repeat_ngram_size", "must be >= 0 (0: off)")
-        _require(self.max_repeat >= 0, "decoding.max_repeat", f"must be >= 0 (0: no limit), got {self.max_repeat}")
-        _require(self.top_k >= 0, "decoding.top_k", f"must be >= 0 (0: all tokens), got {self.top_k}")
+        _require(
+            self.max_tokens_per_batch >= 0, "decoding.max_tokens_per_batch", "must be >= 0 (0: off)"
+        )
+        _require(
+            self.beam_size > 0,
+            "decoding.beam_size",
+            f"must be a positive integer, got {self.beam_size}",
+        )
+        _require(
+            not self.sampling or self.beam_size == 1,
+            "decoding.beam_size",
+            f"sampling draws one token at a time: beam_size must be 1, got {self.beam_size}",
+        )
+        _require(
+            0 < self.n_best <= (256 if self.sampling else self.beam_size),
+            "decoding.n_best",
+            f"must be between 1 and 256 samples, got {self.n_best}"
+            if self.sampling
+            else f"must be between 1 and beam_size={self.beam_size}, got {self.n_best}",
+        )
+        _require(
+            self.no_repeat_ngram_size >= 0, "decoding.no_repeat_ngram_size", "must be >= 0 (0: off)"
+        )
+        _require(
+            self.max_repeat >= 0,
+            "decoding.max_repeat",
+            f"must be >= 0 (0: no limit), got {self.max_repeat}",
+        )
+        _require(
+            self.top_k >= 0, "decoding.top_k", f"must be >= 0 (0: all tokens), got {self.top_k}"
+        )
         _require(0.0 < self.top_p <= 1.0, "decoding.top_p", f"must be in (0, 1], got {self.top_p}")
-        _require(0.0 < self.temperature < float("inf"), "decoding.temperature",
-                 f"must be positive and finite, got {self.temperature}")
+        _require(
+            0.0 < self.temperature < float("inf"),
+            "decoding.temperature",
+            f"must be positive and finite, got {self.temperature}",
+        )
         _require(self.length_penalty >= 0, "decoding.length_penalty", "must be >= 0")
-        _require(self.max_len_a >= 0 and self.max_len_b >= 0, "decoding.max_len_a",
-                 "max_len_a and max_len_b must be >= 0")
-        _require(self.max_len_a > 0 or self.max_len_b > 0, "decoding.max_len_b",
-                 "max_len_a * src_len + max_len_b must allow at least one token")
+        _require(
+            self.max_len_a >= 0 and self.max_len_b >= 0,
+            "decoding.max_len_a",
+            "max_len_a and max_len_b must be >= 0",
+        )
+        _require(
+            self.max_len_a > 0 or self.max_len_b > 0,
+            "decoding.max_len_b",
+            "max_len_a * src_len + max_len_b must allow at least one token",
+        )
         _require(self.min_len >= 0, "decoding.min_len", "must be >= 0")
         _require(self.batch_size > 0, "decoding.batch_size", "must be a positive integer")
-        _require(self.tgt_lang is None or (isinstance(self.tgt_lang, str) and self.tgt_lang.strip() == self.tgt_lang
-                                           and bool(self.tgt_lang)), "decoding.tgt_lang",
-                 f"a language code such as fr, got {self.tgt_lang!r}")
+        _require(
+            self.tgt_lang is None
+            or (
+                isinstance(self.tgt_lang, str)
+                and self.tgt_lang.strip() == self.tgt_lang
+                and bool(self.tgt_lang)
+            ),
+            "decoding.tgt_lang",
+            f"a language code such as fr, got {self.tgt_lang!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -425,9 +584,12 @@ def check_trainable(config: Config) -> None:
     Raises:
         ConfigError: naming both keys.
     """
-    _require(config.data.max_len <= config.model.max_positions, "data.max_len",
-             f"{config.data.max_len} tokens is more than model.max_positions={config.model.max_positions} (the "
-             "longest sequence the position encodings cover): lower data.max_len or raise model.max_positions")
+    _require(
+        config.data.max_len <= config.model.max_positions,
+        "data.max_len",
+        f"{config.data.max_len} tokens is more than model.max_positions={config.model.max_positions} (the "
+        "longest sequence the position encodings cover): lower data.max_len or raise model.max_positions",
+    )
 
 
 # Model fields that the tokenizer decides, not the YAML file.

@@ -11,15 +11,35 @@ from typing import TYPE_CHECKING
 
 from ..lazy_imports import lazy_exports
 
-__all__ = ["Batch", "DataError", "EncodedPairs", "LineReader", "ParallelCorpus", "SplitSource", "StreamLineReader",
-           "TokenCacheError", "count_lines", "get_token_cache", "load_split", "make_batch", "open_split",
-           "pad_sequences", "read_lines", "split_lines", "token_batches"]
+__all__ = [
+    "Batch",
+    "DataError",
+    "EncodedPairs",
+    "LineReader",
+    "ParallelCorpus",
+    "SplitSource",
+    "StreamLineReader",
+    "TokenCacheError",
+    "count_lines",
+    "get_token_cache",
+    "load_split",
+    "make_batch",
+    "open_split",
+    "pad_sequences",
+    "read_lines",
+    "split_lines",
+    "token_batches",
+]
 
-_HOMES = {**dict.fromkeys(["Batch", "make_batch", "pad_sequences", "token_batches"], ".batching"),
-          **dict.fromkeys(["ParallelCorpus", "SplitSource", "load_split", "open_split"], ".datasets"),
-          **dict.fromkeys(["DataError", "LineReader", "StreamLineReader", "count_lines", "read_lines", "split_lines"],
-                          ".text"),
-          **dict.fromkeys(["EncodedPairs", "TokenCacheError", "get_token_cache"], ".token_cache")}
+_HOMES = {
+    **dict.fromkeys(["Batch", "make_batch", "pad_sequences", "token_batches"], ".batching"),
+    **dict.fromkeys(["ParallelCorpus", "SplitSource", "load_split", "open_split"], ".datasets"),
+    **dict.fromkeys(
+        ["DataError", "LineReader", "StreamLineReader", "count_lines", "read_lines", "split_lines"],
+        ".text",
+    ),
+    **dict.fromkeys(["EncodedPairs", "TokenCacheError", "get_token_cache"], ".token_cache"),
+}
 
 if TYPE_CHECKING:
     from .batching import Batch, make_batch, pad_sequences, token_batches

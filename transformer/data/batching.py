@@ -41,22 +41,40 @@ class Batch:
         overlaps the work queued before it)."""
         if self.src.device == device:
             return self
-        source = self.pin_memory() if device.type == "cuda" and self.src.device.type == "cpu" else self
+        source = (
+            self.pin_memory() if device.type == "cuda" and self.src.device.type == "cpu" else self
+        )
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(source.src), move(source.src_key_padding_mask), move(source.tgt_in), move(source.tgt_out),
-                     self.n_src_tokens, self.n_tgt_tokens)
+        return Batch(
+            move(source.src),
+            move(source.src_key_padding_mask),
+            move(source.tgt_in),
+            move(source.tgt_out),
+            self.n_src_tokens,
+            self.n_tgt_tokens,
+        )
 
     def pin_memory(self) -> "Batch":
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return Batch(pin(self.src), pin(self.src_key_padding_mask), pin(self.tgt_in), pin(self.tgt_out),
-                     self.n_src_tokens, self.n_tgt_tokens)
+        return Batch(
+            pin(self.src),
+            pin(self.src_key_padding_mask),
+            pin(self.tgt_in),
+            pin(self.tgt_out),
+            self.n_src_tokens,
+            self.n_tgt_tokens,
+        )
 
 
 Sequence = Union[list[int], np.ndarray]
 
 
-def pad_sequences(sequences: list[Sequence], pad_id: int = PAD_ID, prefix: Optional[int] = None,
-                  suffix: Optional[int] = None) -> Tensor:
+def pad_sequences(
+    sequences: list[Sequence],
+    pad_id: int = PAD_ID,
+    prefix: Optional[int] = None,
+    suffix: Optional[int] = None,
+) -> Tensor:
     """`(len(sequences), longest + extras)` LongTensor, right-padded with pad_id.
 
     Args:
@@ -69,7 +87,7 @@ def pad_sequences(sequences: list[Sequence], pad_id: int = PAD_ID, prefix: Optio
     if prefix is not None:
         out[:, 0] = prefix
     for i, seq in enumerate(sequences):
-        out[i, start:start + len(seq)] = seq
+        out[i, start : start + len(seq)] = seq
         if suffix is not None:
             out[i, start + len(seq)] = suffix
     return torch.from_numpy(out)
@@ -92,8 +110,14 @@ def make_batch(src_ids: list[Sequence], tgt_ids: Optional[list[Sequence]] = None
     return Batch(src, src.eq(PAD_ID), tgt_in, tgt_out, sum(len(s) for s in src_ids), n_tgt)
 
 
-def token_batches(src_lengths: Sequence, tgt_lengths: Sequence, max_tokens: int, seed: int, epoch: int,
-                  pool_factor: int = 100) -> list[np.ndarray]:
+def token_batches(
+    src_lengths: Sequence,
+    tgt_lengths: Sequence,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    pool_factor: int = 100,
+) -> list[np.ndarray]:
     """Group example indices into batches of about `max_tokens` source and target tokens (§5.1).
 
     The examples are shuffled (from seed and epoch), cut into pools, each pool sorted by length, cut into
@@ -114,7 +138,9 @@ def token_batches(src_lengths: Sequence, tgt_lengths: Sequence, max_tokens: int,
     Raises:
         ValueError: if an example alone exceeds max_tokens.
     """
-    longest = np.maximum(np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64))
+    longest = np.maximum(
+        np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    )
     n = len(longest)
     if n and longest.max() > max_tokens:
         i = int(np.argmax(longest > max_tokens))
@@ -125,12 +151,14 @@ def token_batches(src_lengths: Sequence, tgt_lengths: Sequence, max_tokens: int,
     pool_size = max(1, pool_factor * max_tokens // mean_len)
     batches: list[np.ndarray] = []
     for start in range(0, n, pool_size):
-        pool = order[start:start + pool_size]
-        pool = pool[np.lexsort((pool, longest[pool]))[::-1]]  # longest first (ties: higher index first)
+        pool = order[start : start + pool_size]
+        pool = pool[
+            np.lexsort((pool, longest[pool]))[::-1]
+        ]  # longest first (ties: higher index first)
         # Sorted longest first, a batch starting at i holds max_tokens // longest[i] examples.
         sizes = max_tokens // longest[pool]
         i = 0
         while i < len(pool):
-            batches.append(pool[i:i + sizes[i]])
+            batches.append(pool[i : i + sizes[i]])
             i += int(sizes[i])
     return [batches[i] for i in rng.permutation(len(batches))]

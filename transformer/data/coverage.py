@@ -36,23 +36,43 @@ class UnknownCharacters:
             self._unknown[key] = UNK_ID in ids
         return self._unknown[key]
 
-    def add(self, src_texts: list[str], tgt_texts: list[str], src_ids: np.ndarray, src_lengths: np.ndarray,
-            tgt_ids: np.ndarray, tgt_lengths: np.ndarray) -> None:
+    def add(
+        self,
+        src_texts: list[str],
+        tgt_texts: list[str],
+        src_ids: np.ndarray,
+        src_lengths: np.ndarray,
+        tgt_ids: np.ndarray,
+        tgt_lengths: np.ndarray,
+    ) -> None:
         """Count the pairs of one chunk: their texts, and their ids concatenated (eos excluded) with the length of
         each pair's."""
         src_unk, tgt_unk = _with_unk(src_ids, src_lengths), _with_unk(tgt_ids, tgt_lengths)
         for i in sorted(src_unk | tgt_unk):
-            sides = [(text, side) for text, side, found in ((src_texts[i], "src", src_unk), (tgt_texts[i], "tgt",
-                                                                                             tgt_unk)) if i in found]
+            sides = [
+                (text, side)
+                for text, side, found in (
+                    (src_texts[i], "src", src_unk),
+                    (tgt_texts[i], "tgt", tgt_unk),
+                )
+                if i in found
+            ]
             self.pairs += 1
-            self.counts.update({c for text, side in sides for c in set(text) if self._is_unknown(c, side)})
+            self.counts.update(
+                {c for text, side in sides for c in set(text) if self._is_unknown(c, side)}
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """{"pairs": pairs with unk, "distinct": characters found, "characters": [[character, pairs], ...]}."""
-        return {"pairs": self.pairs, "distinct": len(self.counts),
-                "characters": [[c, n] for c, n in self.counts.most_common(self.SHOWN)]}
+        return {
+            "pairs": self.pairs,
+            "distinct": len(self.counts),
+            "characters": [[c, n] for c, n in self.counts.most_common(self.SHOWN)],
+        }
 
 
 def _with_unk(ids: np.ndarray, lengths: np.ndarray) -> set[int]:
     """The indices of the sequences (concatenated in `ids`, `lengths` long) that hold an unk id."""
-    return set(np.searchsorted(np.cumsum(lengths), np.flatnonzero(ids == UNK_ID), side="right").tolist())
+    return set(
+        np.searchsorted(np.cumsum(lengths), np.flatnonzero(ids == UNK_ID), side="right").tolist()
+    )

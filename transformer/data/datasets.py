@@ -50,9 +50,14 @@ def _local_file(folder: Path, split: str, lang: str) -> Path:
         if (folder / name).exists():
             return folder / name
     present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    langs = sorted({p.split(".")[1] for p in present if p.startswith(f"{split}.") and p.count(".") >= 1})
-    hint = f"; languages present for split {split!r}: {', '.join(langs)}" if langs else \
-        f"; files there: {', '.join(present[:12]) or 'none'}"
+    langs = sorted(
+        {p.split(".")[1] for p in present if p.startswith(f"{split}.") and p.count(".") >= 1}
+    )
+    hint = (
+        f"; languages present for split {split!r}: {', '.join(langs)}"
+        if langs
+        else f"; files there: {', '.join(present[:12]) or 'none'}"
+    )
     raise DataError(f"{folder}: no file {split}.{lang}.gz or {split}.{lang}{hint}")
 
 
@@ -152,14 +157,22 @@ class LocalSplit(SplitSource):
 
     def _check_counts(self, n_src: int, n_tgt: int) -> None:
         if n_src != n_tgt:
-            raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: "
-                            "parallel files must have one sentence per line on both sides")
+            raise DataError(
+                f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: "
+                "parallel files must have one sentence per line on both sides"
+            )
 
     def fingerprint(self, hash_memo: Optional[Path] = None) -> dict[str, Any]:
         """The files' resolved paths, sizes and SHA-256 of their bytes: the content itself, since editors,
         `rsync -a`, `cp -p` and tar can give changed data the same size and modification time."""
+
         def describe(path: Path) -> dict[str, Any]:
-            return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": file_sha256(path, hash_memo)}
+            return {
+                "path": str(path.resolve()),
+                "size": path.stat().st_size,
+                "sha256": file_sha256(path, hash_memo),
+            }
+
         return {"files": [describe(self.src_path), describe(self.tgt_path)]}
 
     def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -167,7 +180,9 @@ class LocalSplit(SplitSource):
             self._reader, self._position = src, 0
             while True:
                 s, t = src.read(size), tgt.read(size)
-                if len(s) != len(t):  # one file ended first: count the rest of the other for the message
+                if len(s) != len(
+                    t
+                ):  # one file ended first: count the rest of the other for the message
                     while src.read(1 << 16) or tgt.read(1 << 16):
                         pass
                     self._check_counts(src.lines_read, tgt.lines_read)
@@ -193,22 +208,37 @@ class HuggingFaceSplit(SplitSource):
     def __init__(self, split: str, data: DataConfig) -> None:
         try:
             import datasets
-        except ImportError as err:  # a dependency, but an install with --no-deps (a GPU image) can lack it
+        except (
+            ImportError
+        ) as err:  # a dependency, but an install with --no-deps (a GPU image) can lack it
             missing = "" if data.path is None else f" (data.path {data.path} does not exist)"
-            raise DataError(f"data.hf_dataset {data.hf_dataset!r}{missing}: loading it needs the datasets package: "
-                            f"pip install datasets ({err})") from None
-        for library in ("datasets", "huggingface_hub"):  # they print with a handler of their own: not twice
+            raise DataError(
+                f"data.hf_dataset {data.hf_dataset!r}{missing}: loading it needs the datasets package: "
+                f"pip install datasets ({err})"
+            ) from None
+        for library in (
+            "datasets",
+            "huggingface_hub",
+        ):  # they print with a handler of their own: not twice
             logging.getLogger(library).propagate = False
         hf_split = data.hf_split_names.get(split, split)
-        origin = data.hf_dataset if data.data_files is None else f"{data.hf_dataset} files {data.data_files}"
+        origin = (
+            data.hf_dataset
+            if data.data_files is None
+            else f"{data.hf_dataset} files {data.data_files}"
+        )
         kwargs = {}
         if data.data_files is not None:
             if split not in data.data_files:
-                raise DataError(f"data.data_files has no file for split {split!r} "
-                                f"(it has {', '.join(data.data_files)})")
+                raise DataError(
+                    f"data.data_files has no file for split {split!r} "
+                    f"(it has {', '.join(data.data_files)})"
+                )
             kwargs["data_files"] = {hf_split: data.data_files[split]}
         try:
-            dataset = datasets.load_dataset(data.hf_dataset, data.hf_config, split=hf_split, **kwargs)
+            dataset = datasets.load_dataset(
+                data.hf_dataset, data.hf_config, split=hf_split, **kwargs
+            )
         except ValueError as err:  # e.g. unknown split or config
             raise DataError(f"{origin}: cannot load split {hf_split!r}: {err}") from None
         except FileNotFoundError as err:
@@ -217,13 +247,20 @@ class HuggingFaceSplit(SplitSource):
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             hint = ""
             if data.path is not None:
-                hint = (f"; the local data.path {data.path} (here: {Path(data.path).resolve()}) does not exist: set "
-                        "data.path to the folder with the {split}.{lang}.gz files, e.g. --set data.path=DIR")
-            raise DataError(f"{origin}: cannot load split {hf_split!r} from the Hugging Face hub: {reason}{hint}"
-                            ) from None
+                hint = (
+                    f"; the local data.path {data.path} (here: {Path(data.path).resolve()}) does not exist: set "
+                    "data.path to the folder with the {split}.{lang}.gz files, e.g. --set data.path=DIR"
+                )
+            raise DataError(
+                f"{origin}: cannot load split {hf_split!r} from the Hugging Face hub: {reason}{hint}"
+            ) from None
         self.origin = f"{origin} [{hf_split}]"
-        self._spec = {"dataset": data.hf_dataset, "config": data.hf_config, "split": hf_split,
-                      "data_files": data.data_files and data.data_files.get(split)}
+        self._spec = {
+            "dataset": data.hf_dataset,
+            "config": data.hf_config,
+            "split": hf_split,
+            "data_files": data.data_files and data.data_files.get(split),
+        }
         self.dataset = dataset
         self.src_lang, self.tgt_lang = data.src_lang, data.tgt_lang
         columns = dataset.column_names
@@ -231,15 +268,19 @@ class HuggingFaceSplit(SplitSource):
             first = dataset[0]["translation"] if len(dataset) else {}
             missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in first]
             if missing:
-                raise DataError(f"{self.origin}: the translation column has languages {', '.join(sorted(first))}, "
-                                f"not {', '.join(missing)} (data.src_lang={data.src_lang}, "
-                                f"data.tgt_lang={data.tgt_lang})")
+                raise DataError(
+                    f"{self.origin}: the translation column has languages {', '.join(sorted(first))}, "
+                    f"not {', '.join(missing)} (data.src_lang={data.src_lang}, "
+                    f"data.tgt_lang={data.tgt_lang})"
+                )
             self._columns = ["translation"]
         else:
             missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in columns]
             if missing:
-                raise DataError(f"{self.origin}: no column {', '.join(missing)}; columns are {', '.join(columns)} "
-                                "(expected a 'translation' column or one column per language)")
+                raise DataError(
+                    f"{self.origin}: no column {', '.join(missing)}; columns are {', '.join(columns)} "
+                    "(expected a 'translation' column or one column per language)"
+                )
             self._columns = [data.src_lang, data.tgt_lang]
 
     def __len__(self) -> int:
@@ -270,8 +311,13 @@ def open_split(data: DataConfig, split: str) -> SplitSource:
         return LocalSplit(Path(data.path), split, data)
     if data.hf_dataset is not None:
         if data.path is not None:
-            logger.warning("data.path %s does not exist (here: %s); loading %s from the Hugging Face dataset %s",
-                           data.path, Path(data.path).resolve(), split, data.hf_dataset)
+            logger.warning(
+                "data.path %s does not exist (here: %s); loading %s from the Hugging Face dataset %s",
+                data.path,
+                Path(data.path).resolve(),
+                split,
+                data.hf_dataset,
+            )
         return HuggingFaceSplit(split, data)
     raise DataError(f"data.path: folder {data.path} does not exist (and no data.hf_dataset is set)")
 

@@ -38,7 +38,9 @@ def direction_shares(sizes: list[int], temperature: float) -> np.ndarray:
     exact = direction_probabilities(sizes, temperature) * sum(sizes)
     shares = np.floor(exact).astype(np.int64)
     left = int(sum(sizes) - shares.sum())
-    order = np.lexsort((np.arange(len(sizes)), -(exact - shares)))  # largest remainder first, then earlier
+    order = np.lexsort(
+        (np.arange(len(sizes)), -(exact - shares))
+    )  # largest remainder first, then earlier
     shares[order[:left]] += 1
     return shares
 
@@ -47,7 +49,7 @@ def draw_indices(n_pairs: int, share: int, rng: np.random.Generator) -> np.ndarr
     """`share` indices into a direction's `n_pairs` pairs: whole random permutations while the share allows, then
     the first indices of one more (without replacement within each pass)."""
     passes = [rng.permutation(n_pairs) for _ in range(share // n_pairs)]
-    rest = rng.permutation(n_pairs)[:share % n_pairs]
+    rest = rng.permutation(n_pairs)[: share % n_pairs]
     return np.concatenate([*passes, rest]).astype(np.int64)
 
 
@@ -86,8 +88,9 @@ class MixedPairs:
         return make_batch([self.src(i) for i in indices], [self.tgt(i) for i in indices])
 
 
-def mix_directions(parts: list[EncodedPairs], sizes: list[int], temperature: float, seed: int, epoch: int
-                   ) -> MixedPairs:
+def mix_directions(
+    parts: list[EncodedPairs], sizes: list[int], temperature: float, seed: int, epoch: int
+) -> MixedPairs:
     """The pairs of one epoch: each direction's share (`direction_shares` of `sizes`) drawn from its pairs of this
     epoch (`parts`: the token cache, or this epoch's subword sample, whose size may differ a little from `sizes`),
     fixed by seed and epoch.
@@ -98,7 +101,9 @@ def mix_directions(parts: list[EncodedPairs], sizes: list[int], temperature: flo
         temperature: data.direction_temperature.
         seed, epoch: training.seed and the epoch number.
     """
-    rng = np.random.default_rng([seed, epoch, 0x6D6978])  # a stream apart from the batch order's ([seed, epoch])
+    rng = np.random.default_rng(
+        [seed, epoch, 0x6D6978]
+    )  # a stream apart from the batch order's ([seed, epoch])
     shares = direction_shares(sizes, temperature)
     index = [draw_indices(len(part), int(share), rng) for part, share in zip(parts, shares)]
     direction = np.concatenate([np.full(len(i), d, dtype=np.int64) for d, i in enumerate(index)])

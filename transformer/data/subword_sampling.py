@@ -80,18 +80,31 @@ class SubwordSampler:
     """
 
     def __init__(self, tokenizer: Tokenizer, data: DataConfig) -> None:
-        self.tokenizer, self.alpha, self.nbest_size = tokenizer, data.subword_alpha, data.subword_nbest_size
+        self.tokenizer, self.alpha, self.nbest_size = (
+            tokenizer,
+            data.subword_alpha,
+            data.subword_nbest_size,
+        )
         self.is_bpe = data.spm_model_type == "bpe"
         self.src_prefix = tokenizer.source_prefix(data.corpus)  # a language token
-        self._sides = {side: _SentencePieceSide(sp) for side, sp in (("src", tokenizer.src), ("tgt", tokenizer.tgt))}
+        self._sides = {
+            side: _SentencePieceSide(sp)
+            for side, sp in (("src", tokenizer.src), ("tgt", tokenizer.tgt))
+        }
 
     def src_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Source ids of one sampled segmentation of each text, without eos (as `Tokenizer.src_ids`)."""
         if self.tokenizer.vocab is None:
-            return [self.src_prefix + self.tokenizer.piece_ids(p, "src") for p in self._pieces("src", texts, rng)]
+            return [
+                self.src_prefix + self.tokenizer.piece_ids(p, "src")
+                for p in self._pieces("src", texts, rng)
+            ]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self._pieces("src", list(rests), rng)
-        return [self.src_prefix + self.tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
+        return [
+            self.src_prefix + self.tokenizer.piece_ids(code + p, "src")
+            for code, p in zip(codes, pieces)
+        ]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
@@ -100,7 +113,10 @@ class SubwordSampler:
     def _pieces(self, side: str, texts: list[str], rng: random.Random) -> list[list[str]]:
         model = self._sides[side]
         if self.is_bpe:
-            return [model.bpe_dropout(pieces, self.alpha, rng) for pieces in model.sp.encode(texts, out_type=str)]
+            return [
+                model.bpe_dropout(pieces, self.alpha, rng)
+                for pieces in model.sp.encode(texts, out_type=str)
+            ]
         return [model.nbest_sample(text, self.nbest_size, self.alpha, rng) for text in texts]
 
 
@@ -109,8 +125,11 @@ class _SentencePieceSide:
 
     def __init__(self, sp: spm.SentencePieceProcessor) -> None:
         self.sp = sp
-        self.scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())
-                       if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))}
+        self.scores = {
+            sp.id_to_piece(i): sp.get_score(i)
+            for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))
+        }
 
     def bpe_dropout(self, pieces: list[str], alpha: float, rng: random.Random) -> list[str]:
         """BPE-dropout of one sentence, given sentencepiece's segmentation of it (`pieces`)."""
@@ -122,7 +141,9 @@ class _SentencePieceSide:
                 # one, BPE-dropout follows the same path and ends in sentencepiece's pieces.
                 text = "".join(word)
                 draws = [rng.random() for _ in range(len(text) - len(word))]
-                out.extend(word if all(d >= alpha for d in draws) else self._merge(text, alpha, rng, draws))
+                out.extend(
+                    word if all(d >= alpha for d in draws) else self._merge(text, alpha, rng, draws)
+                )
                 word = []
             word.append(piece)
         return out
@@ -133,7 +154,9 @@ class _SentencePieceSide:
         first random numbers to use."""
         scores, none = self.scores, -math.inf
         symbols = list(word)
-        pair_scores = [scores.get(a + b, none) for a, b in zip(symbols, symbols[1:])]  # pair i: symbols i, i + 1
+        pair_scores = [
+            scores.get(a + b, none) for a, b in zip(symbols, symbols[1:])
+        ]  # pair i: symbols i, i + 1
         draws.reverse()
         while pair_scores:
             best_score = max(pair_scores)
@@ -143,7 +166,7 @@ class _SentencePieceSide:
             if (draws.pop() if draws else rng.random()) < alpha:
                 pair_scores[best] = none
                 continue
-            symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
+            symbols[best : best + 2] = [symbols[best] + symbols[best + 1]]
             del pair_scores[best]
             if best > 0:
                 pair_scores[best - 1] = scores.get(symbols[best - 1] + symbols[best], none)
@@ -151,7 +174,9 @@ class _SentencePieceSide:
                 pair_scores[best] = scores.get(symbols[best] + symbols[best + 1], none)
         return symbols
 
-    def nbest_sample(self, text: str, nbest_size: int, alpha: float, rng: random.Random) -> list[str]:
+    def nbest_sample(
+        self, text: str, nbest_size: int, alpha: float, rng: random.Random
+    ) -> list[str]:
         """One of the nbest_size best segmentations of `text`, drawn with probability ∝ P(segmentation)^alpha."""
         nbests = self.sp.nbest_encode(text, nbest_size=nbest_size, out_type="proto").nbests
         if not nbests:
@@ -176,15 +201,32 @@ def sample_folder(run_dir: Path, epoch: int, name: str = "") -> Path:
     return run_dir / SAMPLES_FOLDER / name / f"epoch_{epoch}"
 
 
-def sample_spec(cache_spec: dict[str, Any], data: DataConfig, seed: int, epoch: int) -> dict[str, Any]:
+def sample_spec(
+    cache_spec: dict[str, Any], data: DataConfig, seed: int, epoch: int
+) -> dict[str, Any]:
     """What one epoch's sample depends on: the token cache's spec (data, tokenizer, max_len, languages), the
     sampling settings, the seed and the epoch."""
-    return {**cache_spec, "sampling": {"alpha": data.subword_alpha, "nbest_size": data.subword_nbest_size,
-                                       "seed": seed, "epoch": epoch, "chunk_pairs": CHUNK_PAIRS}}
+    return {
+        **cache_spec,
+        "sampling": {
+            "alpha": data.subword_alpha,
+            "nbest_size": data.subword_nbest_size,
+            "seed": seed,
+            "epoch": epoch,
+            "chunk_pairs": CHUNK_PAIRS,
+        },
+    }
 
 
-def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, seed: int, epoch: int,
-                 folder: Path, spec: dict[str, Any]) -> dict[str, Any]:
+def build_sample(
+    source: SplitSource,
+    tokenizer: Tokenizer,
+    data: DataConfig,
+    seed: int,
+    epoch: int,
+    folder: Path,
+    spec: dict[str, Any],
+) -> dict[str, Any]:
     """Encode `source` with one sampled segmentation per sentence into `folder` (the token cache's layout).
 
     Returns:
@@ -194,13 +236,18 @@ def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, se
         DataError: bad corpus files, or no pair left.
         TokenCacheError: the folder cannot be written (nothing is left behind).
     """
-    def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+
+    def encode(
+        chunks: Iterator[tuple[list[str], list[str]]],
+    ) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
         if data.subword_workers == 1:
             _init_chunk_worker(tokenizer.to_dict(), data, seed, epoch)
             yield from (_encode_chunk(k, src, tgt)[:2] for k, (src, tgt) in enumerate(chunks))
             return
         context = multiprocessing.get_context("spawn")
-        with context.Pool(data.subword_workers, _init_chunk_worker, (tokenizer.to_dict(), data, seed, epoch)) as pool:
+        with context.Pool(
+            data.subword_workers, _init_chunk_worker, (tokenizer.to_dict(), data, seed, epoch)
+        ) as pool:
             pending: deque = deque()  # at most 2 chunks per process in flight: bounded memory
             for k, (src, tgt) in enumerate(chunks):
                 pending.append(pool.apply_async(_encode_chunk, (k, src, tgt)))
@@ -209,25 +256,44 @@ def build_sample(source: SplitSource, tokenizer: Tokenizer, data: DataConfig, se
             while pending:
                 yield _collect(pending.popleft().get())
 
-    return build_token_cache(source, tokenizer, data.max_len, folder, spec, threads=1, chunk_size=CHUNK_PAIRS,
-                             encode=encode, progress=False, label=f"subword sample of epoch {epoch}")
+    return build_token_cache(
+        source,
+        tokenizer,
+        data.max_len,
+        folder,
+        spec,
+        threads=1,
+        chunk_size=CHUNK_PAIRS,
+        encode=encode,
+        progress=False,
+        label=f"subword sample of epoch {epoch}",
+    )
 
 
 _chunk_worker: dict[str, Any] = {}
 
 
 def _init_chunk_worker(tokenizer_state: dict, data: DataConfig, seed: int, epoch: int) -> None:
-    _chunk_worker.update(sampler=SubwordSampler(Tokenizer.from_dict(tokenizer_state), data), seed=seed, epoch=epoch)
+    _chunk_worker.update(
+        sampler=SubwordSampler(Tokenizer.from_dict(tokenizer_state), data), seed=seed, epoch=epoch
+    )
 
 
-def _encode_chunk(k: int, src: list[str], tgt: list[str]) -> tuple[list[list[int]], list[list[int]], int]:
+def _encode_chunk(
+    k: int, src: list[str], tgt: list[str]
+) -> tuple[list[list[int]], list[list[int]], int]:
     """Chunk k of the sample (its random stream is seeded by (seed, epoch, k) alone, whichever process encodes it),
     and this process's peak resident memory in kB."""
-    sampler, rng = _chunk_worker["sampler"], random.Random(chunk_seed(_chunk_worker["seed"], _chunk_worker["epoch"], k))
+    sampler, rng = (
+        _chunk_worker["sampler"],
+        random.Random(chunk_seed(_chunk_worker["seed"], _chunk_worker["epoch"], k)),
+    )
     return sampler.src_ids(src, rng), sampler.tgt_ids(tgt, rng), _peak_rss_kb()
 
 
-def _collect(result: tuple[list[list[int]], list[list[int]], int]) -> tuple[list[list[int]], list[list[int]]]:
+def _collect(
+    result: tuple[list[list[int]], list[list[int]], int],
+) -> tuple[list[list[int]], list[list[int]]]:
     _chunk_worker["pool_peak_rss_kb"] = max(_chunk_worker.get("pool_peak_rss_kb", 0), result[2])
     return result[0], result[1]
 
@@ -243,12 +309,24 @@ def _peak_rss_kb() -> int:
     return 0
 
 
-def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int, epoch: int, folder: Path,
-                  spec: dict[str, Any]) -> None:
+def _build_worker(
+    data: DataConfig,
+    split: str,
+    tokenizer_state: dict,
+    seed: int,
+    epoch: int,
+    folder: Path,
+    spec: dict[str, Any],
+) -> None:
     """The background process: build one epoch's sample unless another process has (under a file lock)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops this process
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the trainer, which stops this process
     try:
         os.nice(5)  # the training process comes first when both want a core
     except OSError:
@@ -257,11 +335,29 @@ def _build_worker(data: DataConfig, split: str, tokenizer_state: dict, seed: int
     with file_lock(folder.parent / f".{folder.name}.lock"):
         if (folder / "meta.json").exists():
             return
-        build_sample(open_split(data, split), Tokenizer.from_dict(tokenizer_state), data, seed, epoch, folder, spec)
-        own, pool = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        (folder / "builder.json").write_text(json.dumps({
-            "peak_rss_mb": round(max(_peak_rss_kb(), _chunk_worker.get("pool_peak_rss_kb", 0)) / 1024),
-            "cpu_s": round(own.ru_utime + own.ru_stime + pool.ru_utime + pool.ru_stime, 1)}))
+        build_sample(
+            open_split(data, split),
+            Tokenizer.from_dict(tokenizer_state),
+            data,
+            seed,
+            epoch,
+            folder,
+            spec,
+        )
+        own, pool = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+        (folder / "builder.json").write_text(
+            json.dumps(
+                {
+                    "peak_rss_mb": round(
+                        max(_peak_rss_kb(), _chunk_worker.get("pool_peak_rss_kb", 0)) / 1024
+                    ),
+                    "cpu_s": round(own.ru_utime + own.ru_stime + pool.ru_utime + pool.ru_stime, 1),
+                }
+            )
+        )
 
 
 def run_job(path: str) -> None:
@@ -302,10 +398,20 @@ class SampledEpochs:
         ValueError: `cache` holds pairs in memory (no spec), not a token cache.
     """
 
-    def __init__(self, cache: EncodedPairs, data: DataConfig, tokenizer: Tokenizer, seed: int, run_dir: Path,
-                 build: bool = True, name: str = "") -> None:
+    def __init__(
+        self,
+        cache: EncodedPairs,
+        data: DataConfig,
+        tokenizer: Tokenizer,
+        seed: int,
+        run_dir: Path,
+        build: bool = True,
+        name: str = "",
+    ) -> None:
         if cache.spec is None:
-            raise ValueError("subword sampling starts from a token cache (get_token_cache), not pairs in memory")
+            raise ValueError(
+                "subword sampling starts from a token cache (get_token_cache), not pairs in memory"
+            )
         self.cache, self.data, self.tokenizer = cache, data, tokenizer
         self.seed, self.run_dir, self.build, self.name = seed, run_dir, build, name
         self._workers: dict[int, subprocess.Popen] = {}
@@ -355,18 +461,27 @@ class SampledEpochs:
         if epoch in self._workers:
             process = self._workers.pop(epoch)
             if process.wait() != 0:
-                raise DataError(f"the background process that encodes epoch {epoch}'s subword sample "
-                                f"(data.subword_sampling) failed with exit code {process.returncode}; its error is "
-                                "in the log above")
+                raise DataError(
+                    f"the background process that encodes epoch {epoch}'s subword sample "
+                    f"(data.subword_sampling) failed with exit code {process.returncode}; its error is "
+                    "in the log above"
+                )
         while not (folder / "meta.json").exists():  # not the builder: local rank 0 builds it
             time.sleep(0.5)
         pairs = open_token_cache(folder, spec)
         meta = json.loads((folder / "meta.json").read_text())
         builder = _read_json(folder / "builder.json")
-        logger.info("epoch %d: subword sample of %d pairs (%d dropped as longer than data.max_len), built in %.1f s "
-                    "by the background process (%s CPU s, peak RSS %s MB); waited %.1f s for it", epoch,
-                    meta["n_pairs"], meta["dropped_too_long"], meta["build_seconds"], builder.get("cpu_s", "?"),
-                    builder.get("peak_rss_mb", "?"), time.perf_counter() - start)
+        logger.info(
+            "epoch %d: subword sample of %d pairs (%d dropped as longer than data.max_len), built in %.1f s "
+            "by the background process (%s CPU s, peak RSS %s MB); waited %.1f s for it",
+            epoch,
+            meta["n_pairs"],
+            meta["dropped_too_long"],
+            meta["build_seconds"],
+            builder.get("cpu_s", "?"),
+            builder.get("peak_rss_mb", "?"),
+            time.perf_counter() - start,
+        )
         return pairs
 
     def _is_complete(self, folder: Path, spec: dict[str, Any]) -> bool:
@@ -382,24 +497,38 @@ class SampledEpochs:
         # multiprocessing's spawn, which would import the main module and torch again.
         folder.parent.mkdir(parents=True, exist_ok=True)
         job = folder.with_name(f".{folder.name}.job")
-        args = dict(data=self.data, split=self.data.train_split, tokenizer_state=self.tokenizer.to_dict(),
-                    seed=self.seed, epoch=epoch, folder=folder, spec=self._spec(epoch))
+        args = dict(
+            data=self.data,
+            split=self.data.train_split,
+            tokenizer_state=self.tokenizer.to_dict(),
+            seed=self.seed,
+            epoch=epoch,
+            folder=folder,
+            spec=self._spec(epoch),
+        )
         tmp = job.with_name(job.name + ".tmp")
         with tmp.open("wb") as f:
             pickle.dump(args, f)
         os.replace(tmp, job)
         command, env = _worker_command(job)
         self._workers[epoch] = process = subprocess.Popen(command, env=env)
-        threading.Thread(target=process.wait, daemon=True).start()  # reaped when it ends, not when its epoch starts
+        threading.Thread(
+            target=process.wait, daemon=True
+        ).start()  # reaped when it ends, not when its epoch starts
 
     def _remove_before(self, epoch: int) -> None:
         root = self.run_dir / SAMPLES_FOLDER / self.name
         if not root.is_dir():
             return
-        for path in [*root.glob("epoch_*"), *root.glob(".epoch_*")]:  # samples, locks, jobs, temporary folders
+        for path in [
+            *root.glob("epoch_*"),
+            *root.glob(".epoch_*"),
+        ]:  # samples, locks, jobs, temporary folders
             number = path.name.removeprefix(".").removeprefix("epoch_").split(".")[0]
             if number.isdigit() and int(number) < epoch:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
+                    missing_ok=True
+                )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

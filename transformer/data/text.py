@@ -38,7 +38,9 @@ class DataError(ValueError):
 _BOM = "\ufeff"
 
 
-def decode_lines(block: bytes, name: str, first_line: int = 1, at_file_start: bool = True) -> list[str]:
+def decode_lines(
+    block: bytes, name: str, first_line: int = 1, at_file_start: bool = True
+) -> list[str]:
     """Decode a block of complete lines (the block's last line needs no "\\n") by the rules above.
 
     Args:
@@ -55,7 +57,9 @@ def decode_lines(block: bytes, name: str, first_line: int = 1, at_file_start: bo
     except UnicodeDecodeError as err:
         line = first_line + block.count(b"\n", 0, err.start)
         column = err.start - (block.rfind(b"\n", 0, err.start) + 1)
-        raise DataError(f"{name}, line {line}: not valid UTF-8 ({err.reason} at byte {column} of the line)") from None
+        raise DataError(
+            f"{name}, line {line}: not valid UTF-8 ({err.reason} at byte {column} of the line)"
+        ) from None
     if "\x00" in text:
         line = first_line + text.count("\n", 0, text.index("\x00"))
         raise DataError(f"{name}, line {line}: contains a NUL byte (a binary or corrupt file?)")
@@ -125,7 +129,9 @@ class StreamLineReader:
             self._buffer = b""
         if not complete:
             return []
-        lines = decode_lines(b"\n".join(complete), self.name, self.lines_read + 1, self.lines_read == 0)
+        lines = decode_lines(
+            b"\n".join(complete), self.name, self.lines_read + 1, self.lines_read == 0
+        )
         self.lines_read += len(lines)
         return lines
 
@@ -151,7 +157,9 @@ class LineReader:
             raise DataError(f"{self.path}: file not found") from None
         except OSError as err:
             raise DataError(f"{self.path}: cannot read ({err})") from None
-        self._file: BinaryIO = gzip.GzipFile(fileobj=self._raw) if self.path.suffix == ".gz" else self._raw
+        self._file: BinaryIO = (
+            gzip.GzipFile(fileobj=self._raw) if self.path.suffix == ".gz" else self._raw
+        )
         self.size = self.path.stat().st_size
         self._pending = b""
         self._lines: list[str] = []
@@ -183,12 +191,12 @@ class LineReader:
         if cut < 0:
             self._pending = data
             return
-        self._pending = data[cut + 1:]
+        self._pending = data[cut + 1 :]
         self._append(decode_lines(data[:cut], self.name, self._decoded + 1, at_start))
 
     def _append(self, lines: list[str]) -> None:
         if self._pos:
-            del self._lines[:self._pos]
+            del self._lines[: self._pos]
             self._pos = 0
         self._lines.extend(lines)
         self._decoded += len(lines)
@@ -197,7 +205,7 @@ class LineReader:
         """The next `n` lines; fewer only at the end of the file."""
         while len(self._lines) - self._pos < n and not self._eof:
             self._fill()
-        out = self._lines[self._pos:self._pos + n]
+        out = self._lines[self._pos : self._pos + n]
         self._pos += len(out)
         self.lines_read += len(out)
         return out
@@ -249,7 +257,10 @@ def count_lines(path: str | Path, block_size: int = 1 << 24) -> int:
 def utf8_stdout():
     """stdout, writing UTF-8 whatever the locale (LC_ALL=C) or PYTHONIOENCODING say: input is always read as UTF-8,
     and a translation with "ä" must not fail or change encoding on the way out."""
-    if hasattr(sys.stdout, "reconfigure") and (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
+    if (
+        hasattr(sys.stdout, "reconfigure")
+        and (sys.stdout.encoding or "").lower().replace("-", "") != "utf8"
+    ):
         sys.stdout.reconfigure(encoding="utf-8", errors="strict")
     return sys.stdout
 
@@ -307,7 +318,9 @@ class TranslationOutput:
     def __init__(self, path: Optional[str]) -> None:
         self.path, self.n_lines = path, 0
         direct = path is not None and os.path.exists(path) and not os.path.isfile(path)
-        self._final = os.path.realpath(path) if path else None  # a symbolic link: the file it names is replaced
+        self._final = (
+            os.path.realpath(path) if path else None
+        )  # a symbolic link: the file it names is replaced
         self.partial = Path(f"{self._final}.partial") if path and not direct else None
         if self.partial is not None:
             self.partial.parent.mkdir(parents=True, exist_ok=True)
@@ -337,8 +350,11 @@ class TranslationOutput:
         if complete:
             os.replace(self.partial, str(self._final))
         elif self.n_lines:
-            print(f"translate: stopped after {self.n_lines} input lines; their translations are in {self.partial} "
-                  f"({self.path} was not written)", file=sys.stderr)
+            print(
+                f"translate: stopped after {self.n_lines} input lines; their translations are in {self.partial} "
+                f"({self.path} was not written)",
+                file=sys.stderr,
+            )
         else:
             self.partial.unlink(missing_ok=True)
 
@@ -363,8 +379,13 @@ def chunk_sizes(buffer_size: int, first: int) -> Iterator[int]:
         size = min(2 * size, buffer_size)
 
 
-def input_chunks(sentences: list[str], path: Optional[str], buffer_size: int, progress: bool,
-                 growing: bool = False) -> Iterator[list[str]]:
+def input_chunks(
+    sentences: list[str],
+    path: Optional[str],
+    buffer_size: int,
+    progress: bool,
+    growing: bool = False,
+) -> Iterator[list[str]]:
     """Input lines in chunks of at most buffer_size lines: the `sentences` given (one chunk), else the file at `path`
     read incrementally (with a progress bar on stderr if `progress`), else stdin as lines arrive
     (`StreamLineReader`). With `growing`, the chunks start at FIRST_CHUNK lines and double up to buffer_size: for
@@ -375,8 +396,16 @@ def input_chunks(sentences: list[str], path: Optional[str], buffer_size: int, pr
         return
     sizes = chunk_sizes(buffer_size, FIRST_CHUNK if growing else buffer_size)
     if path:
-        with LineReader(path) as reader, tqdm(total=count_lines(path), unit="line", disable=not progress,
-                                              file=sys.stderr, desc="translate") as bar:
+        with (
+            LineReader(path) as reader,
+            tqdm(
+                total=count_lines(path),
+                unit="line",
+                disable=not progress,
+                file=sys.stderr,
+                desc="translate",
+            ) as bar,
+        ):
             while chunk := reader.read(next(sizes)):
                 yield chunk
                 bar.update(len(chunk))

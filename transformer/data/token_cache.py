@@ -86,9 +86,15 @@ class EncodedPairs:
             built before it was counted).
     """
 
-    def __init__(self, src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.ndarray,
-                 tgt_offsets: np.ndarray, spec: Optional[dict[str, Any]] = None,
-                 unknown_characters: Optional[dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        src_ids: np.ndarray,
+        src_offsets: np.ndarray,
+        tgt_ids: np.ndarray,
+        tgt_offsets: np.ndarray,
+        spec: Optional[dict[str, Any]] = None,
+        unknown_characters: Optional[dict[str, Any]] = None,
+    ) -> None:
         self.spec, self.unknown_characters = spec, unknown_characters
         self.src_ids, self.src_offsets = src_ids, src_offsets
         self.tgt_ids, self.tgt_offsets = tgt_ids, tgt_offsets
@@ -98,10 +104,12 @@ class EncodedPairs:
     @classmethod
     def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> "EncodedPairs":
         """In-memory pairs from `Tokenizer.encode_src` / `encode_tgt` output (e.g. the validation set)."""
+
         def flat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
             offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
             np.cumsum([len(s) for s in seqs], out=offsets[1:])
             return np.fromiter(chain.from_iterable(seqs), np.int32, count=int(offsets[-1])), offsets
+
         return cls(*flat(src), *flat(tgt))
 
     def __len__(self) -> int:
@@ -109,15 +117,17 @@ class EncodedPairs:
 
     def src(self, i: int) -> np.ndarray:
         """Source ids of pair i, eos included."""
-        return self.src_ids[self.src_offsets[i]:self.src_offsets[i + 1]]
+        return self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]]
 
     def tgt(self, i: int) -> np.ndarray:
         """Target ids of pair i, without bos/eos."""
-        return self.tgt_ids[self.tgt_offsets[i]:self.tgt_offsets[i + 1]]
+        return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
     def batch(self, indices: np.ndarray | list[int]) -> Batch:
         """The padded `Batch` of these pairs, in this order."""
-        from .batching import make_batch  # torch: not imported by the processes that only write caches
+        from .batching import (
+            make_batch,
+        )  # torch: not imported by the processes that only write caches
 
         return make_batch([self.src(i) for i in indices], [self.tgt(i) for i in indices])
 
@@ -141,10 +151,17 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
 def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
     """Everything a cache's content depends on (its key is the hash of this)."""
     memo = cache_root(data) / "file_sha256.json"
-    spec = {"format": CACHE_FORMAT, "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
-            "tokenizer_sha256": tokenizer_digest(tokenizer),
-            "max_len": data.max_len, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang}
-    prefix = tokenizer.source_prefix(data.corpus)  # a corpus with marks (a language token) starts each source with them
+    spec = {
+        "format": CACHE_FORMAT,
+        "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
+        "tokenizer_sha256": tokenizer_digest(tokenizer),
+        "max_len": data.max_len,
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+    }
+    prefix = tokenizer.source_prefix(
+        data.corpus
+    )  # a corpus with marks (a language token) starts each source with them
     return {**spec, "src_prefix": prefix} if prefix else spec
 
 
@@ -153,8 +170,14 @@ def cache_folder(root: Path, split: str, data: DataConfig, spec: dict[str, Any])
     return root / f"{split}.{data.src_lang}-{data.tgt_lang}.{key}"
 
 
-def get_token_cache(data: DataConfig, split: str, tokenizer: Tokenizer, build: bool = True,
-                    source: Optional[SplitSource] = None, threads: int = 0) -> EncodedPairs:
+def get_token_cache(
+    data: DataConfig,
+    split: str,
+    tokenizer: Tokenizer,
+    build: bool = True,
+    source: Optional[SplitSource] = None,
+    threads: int = 0,
+) -> EncodedPairs:
     """The token cache of one split for this tokenizer, built first if it is not there.
 
     Args:
@@ -188,23 +211,39 @@ def get_token_cache(data: DataConfig, split: str, tokenizer: Tokenizer, build: b
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise TokenCacheError(f"cannot create the token cache folder {root} ({err}); set data.cache_dir") from None
+        raise TokenCacheError(
+            f"cannot create the token cache folder {root} ({err}); set data.cache_dir"
+        ) from None
     if (folder / "meta.json").exists() and not os.access(root, os.W_OK):
-        return _open_existing(folder, spec)  # a complete cache in a read-only (shared) folder: nothing to lock
+        return _open_existing(
+            folder, spec
+        )  # a complete cache in a read-only (shared) folder: nothing to lock
     with file_lock(root / f".{folder.name}.lock"):
         if (folder / "meta.json").exists():
             return _open_existing(folder, spec)
         _explain_rebuild(root, split, data, spec, folder)
-        build_token_cache(source, tokenizer, data.max_len, folder, spec, threads,
-                          src_prefix=tuple(spec.get("src_prefix", ())))
+        build_token_cache(
+            source,
+            tokenizer,
+            data.max_len,
+            folder,
+            spec,
+            threads,
+            src_prefix=tuple(spec.get("src_prefix", ())),
+        )
     return open_token_cache(folder, spec)
 
 
 def _open_existing(folder: Path, spec: dict[str, Any]) -> EncodedPairs:
     pairs = open_token_cache(folder, spec)
     meta = json.loads((folder / "meta.json").read_text())
-    logger.info("token cache: %s (%d pairs, %.1f MB, built %s)", folder, meta["n_pairs"], meta["bytes"] / 1e6,
-                meta["created"])
+    logger.info(
+        "token cache: %s (%d pairs, %.1f MB, built %s)",
+        folder,
+        meta["n_pairs"],
+        meta["bytes"] / 1e6,
+        meta["created"],
+    )
     return pairs
 
 
@@ -218,8 +257,10 @@ def file_lock(path: Path) -> Iterator[None]:
     try:
         handle = open(path, "a")
     except OSError as err:
-        raise TokenCacheError(f"cannot write the token cache folder {path.parent} ({err.strerror}): make it "
-                              "writable or set data.cache_dir to another folder") from None
+        raise TokenCacheError(
+            f"cannot write the token cache folder {path.parent} ({err.strerror}): make it "
+            "writable or set data.cache_dir to another folder"
+        ) from None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,7 +273,9 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _explain_rebuild(root: Path, split: str, data: DataConfig, spec: dict[str, Any], folder: Path) -> None:
+def _explain_rebuild(
+    root: Path, split: str, data: DataConfig, spec: dict[str, Any], folder: Path
+) -> None:
     """Log why no cache fits: for caches of the same split and languages, which parts of the spec differ."""
     reasons = []
     for meta_path in sorted(root.glob(f"{split}.{data.src_lang}-{data.tgt_lang}.*/meta.json")):
@@ -244,13 +287,16 @@ def _explain_rebuild(root: Path, split: str, data: DataConfig, spec: dict[str, A
         if diff:
             reasons.append(f"{meta_path.parent.name} was built with {diff}")
     if reasons:
-        logger.info("token cache: building %s; existing caches do not fit: %s", folder, "; ".join(reasons))
+        logger.info(
+            "token cache: building %s; existing caches do not fit: %s", folder, "; ".join(reasons)
+        )
     else:
         logger.info("token cache: building %s", folder)
 
 
 def _spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
     """'key=old value (this run: new value), ...' for every leaf that differs (nested keys dotted)."""
+
     def leaves(value: Any, prefix: str) -> dict[str, Any]:
         if isinstance(value, dict):
             items = value.items()
@@ -262,9 +308,13 @@ def _spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
         for key, item in items:
             out.update(leaves(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
+
     a, b = leaves(old, ""), leaves(new, "")
-    return ", ".join(f"{k}={json.dumps(a.get(k))} (this run: {json.dumps(b.get(k))})" for k in sorted(set(a) | set(b))
-                     if a.get(k) != b.get(k))
+    return ", ".join(
+        f"{k}={json.dumps(a.get(k))} (this run: {json.dumps(b.get(k))})"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    )
 
 
 def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) -> EncodedPairs:
@@ -284,33 +334,59 @@ def open_token_cache(folder: str | Path, spec: Optional[dict[str, Any]] = None) 
     except (OSError, ValueError) as err:
         raise TokenCacheError(f"{folder}: not a complete token cache ({err})") from None
     if meta.get("spec", {}).get("format") != CACHE_FORMAT:
-        raise TokenCacheError(f"{folder}: token cache format {meta.get('spec', {}).get('format')}, this version "
-                              f"reads format {CACHE_FORMAT}; delete the folder to rebuild it")
+        raise TokenCacheError(
+            f"{folder}: token cache format {meta.get('spec', {}).get('format')}, this version "
+            f"reads format {CACHE_FORMAT}; delete the folder to rebuild it"
+        )
     if spec is not None and meta["spec"] != spec:
-        raise TokenCacheError(f"{folder}: this token cache was built from other data or another tokenizer: "
-                              f"{_spec_differences(meta['spec'], spec)}")
+        raise TokenCacheError(
+            f"{folder}: this token cache was built from other data or another tokenizer: "
+            f"{_spec_differences(meta['spec'], spec)}"
+        )
     try:
-        arrays = [np.memmap(folder / f"{side}_ids.bin", dtype=meta["dtype"], mode="r") for side in ("src", "tgt")]
-        offsets = [np.load(folder / f"{side}_offsets.npy", mmap_mode="r") for side in ("src", "tgt")]
+        arrays = [
+            np.memmap(folder / f"{side}_ids.bin", dtype=meta["dtype"], mode="r")
+            for side in ("src", "tgt")
+        ]
+        offsets = [
+            np.load(folder / f"{side}_offsets.npy", mmap_mode="r") for side in ("src", "tgt")
+        ]
     except (OSError, ValueError) as err:
-        raise TokenCacheError(f"{folder}: unreadable token cache ({err}); delete the folder to rebuild it") from None
+        raise TokenCacheError(
+            f"{folder}: unreadable token cache ({err}); delete the folder to rebuild it"
+        ) from None
     for ids, off, side in zip(arrays, offsets, ("src", "tgt")):
         if len(off) != meta["n_pairs"] + 1 or off[-1] != len(ids):
-            raise TokenCacheError(f"{folder}: {side}_ids.bin holds {len(ids)} ids and {side}_offsets.npy "
-                                  f"{len(off) - 1} pairs ending at {off[-1]}, meta.json says {meta['n_pairs']} "
-                                  "pairs: truncated? Delete the folder to rebuild it")
-    return EncodedPairs(arrays[0], offsets[0], arrays[1], offsets[1], meta["spec"], meta.get("unknown_characters"))
+            raise TokenCacheError(
+                f"{folder}: {side}_ids.bin holds {len(ids)} ids and {side}_offsets.npy "
+                f"{len(off) - 1} pairs ending at {off[-1]}, meta.json says {meta['n_pairs']} "
+                "pairs: truncated? Delete the folder to rebuild it"
+            )
+    return EncodedPairs(
+        arrays[0], offsets[0], arrays[1], offsets[1], meta["spec"], meta.get("unknown_characters")
+    )
 
 
-ChunkEncoder = Callable[[Iterator[tuple[list[str], list[str]]]], Iterator[tuple[list[list[int]], list[list[int]]]]]
+ChunkEncoder = Callable[
+    [Iterator[tuple[list[str], list[str]]]], Iterator[tuple[list[list[int]], list[list[int]]]]
+]
 """Maps the corpus's chunks (source texts, target texts), in order, to their (source ids, target ids) without eos, in
 the same order: how a cache's chunks are encoded."""
 
 
-def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, folder: Path, spec: dict[str, Any],
-                      threads: int = 0, chunk_size: int = 50_000, encode: Optional[ChunkEncoder] = None,
-                      progress: bool = True, label: str = "token cache", src_prefix: tuple[int, ...] = ()
-                      ) -> dict[str, Any]:
+def build_token_cache(
+    source: SplitSource,
+    tokenizer: Tokenizer,
+    max_len: int,
+    folder: Path,
+    spec: dict[str, Any],
+    threads: int = 0,
+    chunk_size: int = 50_000,
+    encode: Optional[ChunkEncoder] = None,
+    progress: bool = True,
+    label: str = "token cache",
+    src_prefix: tuple[int, ...] = (),
+) -> dict[str, Any]:
     """Encode `source` into a new cache at `folder` (see the module docstring for the layout).
 
     Pairs with an empty side, a source longer than max_len tokens (eos included) or a target longer than
@@ -328,10 +404,16 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
     """
     threads = threads or len(os.sched_getaffinity(0))
     if encode is None:
-        def encode(chunks: Iterator[tuple[list[str], list[str]]]) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+
+        def encode(
+            chunks: Iterator[tuple[list[str], list[str]]],
+        ) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
             for src, tgt in chunks:
-                yield ([[*src_prefix, *ids] for ids in tokenizer.src_ids(src, num_threads=threads)],
-                       tokenizer.tgt_ids(tgt, num_threads=threads))
+                yield (
+                    [[*src_prefix, *ids] for ids in tokenizer.src_ids(src, num_threads=threads)],
+                    tokenizer.tgt_ids(tgt, num_threads=threads),
+                )
+
     vocab = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     tmp = folder.with_name(f".{folder.name}.tmp")
@@ -343,23 +425,41 @@ def build_token_cache(source: SplitSource, tokenizer: Tokenizer, max_len: int, f
         unknown = UnknownCharacters(tokenizer)
         counts = _encode_into(tmp, source, encode, max_len, dtype, chunk_size, progress, unknown)
         n_bytes = sum(p.stat().st_size for p in tmp.iterdir())
-        meta = {"spec": spec, "origin": source.origin, "dtype": dtype.name, **counts,
-                "unknown_characters": unknown.to_dict(), "bytes": n_bytes,
-                "build_seconds": round(time.perf_counter() - start, 1),
-                "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+        meta = {
+            "spec": spec,
+            "origin": source.origin,
+            "dtype": dtype.name,
+            **counts,
+            "unknown_characters": unknown.to_dict(),
+            "bytes": n_bytes,
+            "build_seconds": round(time.perf_counter() - start, 1),
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         _write_synced(tmp / "meta.json", (json.dumps(meta, indent=1) + "\n").encode())
         os.rename(tmp, folder)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OSError):
-            raise TokenCacheError(f"building the token cache {folder} failed: {err}; nothing was kept "
-                                  "(free disk space or set data.cache_dir, then start again)") from err
+            raise TokenCacheError(
+                f"building the token cache {folder} failed: {err}; nothing was kept "
+                "(free disk space or set data.cache_dir, then start again)"
+            ) from err
         raise
-    logger.info("%s: kept %d of %d pairs; dropped %d with an empty side and %d longer than "
-                "data.max_len=%d tokens; %d source tokens (eos included) + %d target pieces stored; %.1f MB on disk; "
-                "built in %.0f s", label,
-                meta["n_pairs"], meta["n_read"], meta["dropped_empty"], meta["dropped_too_long"], max_len,
-                meta["src_tokens"], meta["tgt_tokens"], n_bytes / 1e6, meta["build_seconds"])
+    logger.info(
+        "%s: kept %d of %d pairs; dropped %d with an empty side and %d longer than "
+        "data.max_len=%d tokens; %d source tokens (eos included) + %d target pieces stored; %.1f MB on disk; "
+        "built in %.0f s",
+        label,
+        meta["n_pairs"],
+        meta["n_read"],
+        meta["dropped_empty"],
+        meta["dropped_too_long"],
+        max_len,
+        meta["src_tokens"],
+        meta["tgt_tokens"],
+        n_bytes / 1e6,
+        meta["build_seconds"],
+    )
     return meta
 
 
@@ -370,10 +470,20 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_len: int, dtype: np.dtype,
-                 chunk_size: int, progress: bool, unknown: UnknownCharacters) -> dict[str, int]:
+def _encode_into(
+    folder: Path,
+    source: SplitSource,
+    encode: ChunkEncoder,
+    max_len: int,
+    dtype: np.dtype,
+    chunk_size: int,
+    progress: bool,
+    unknown: UnknownCharacters,
+) -> dict[str, int]:
     n_read = n_empty = n_long = 0
-    texts: deque[tuple[list[str], list[str]]] = deque()  # the chunks `encode` has taken and not yet given back
+    texts: deque[tuple[list[str], list[str]]] = (
+        deque()
+    )  # the chunks `encode` has taken and not yet given back
 
     def chunks() -> Iterator[tuple[list[str], list[str]]]:
         for chunk in source.chunks(chunk_size):
@@ -383,9 +493,19 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
     src_lengths: list[np.ndarray] = []
     tgt_lengths: list[np.ndarray] = []
     total, unit = source.progress()
-    with open(folder / "src_ids.bin", "wb") as src_file, open(folder / "tgt_ids.bin", "wb") as tgt_file, \
-            tqdm(total=total, unit=unit, unit_scale=True, desc="token cache", mininterval=2.0,
-                 dynamic_ncols=True, disable=not progress) as bar:
+    with (
+        open(folder / "src_ids.bin", "wb") as src_file,
+        open(folder / "tgt_ids.bin", "wb") as tgt_file,
+        tqdm(
+            total=total,
+            unit=unit,
+            unit_scale=True,
+            desc="token cache",
+            mininterval=2.0,
+            dynamic_ncols=True,
+            disable=not progress,
+        ) as bar,
+    ):
         for src, tgt in encode(chunks()):
             src_text, tgt_text = texts.popleft()
             src_len = np.fromiter(map(len, src), np.int64, len(src))  # pieces, without eos
@@ -396,11 +516,23 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
             n_read += len(src)
             n_empty += int(empty.sum())
             n_long += int(too_long.sum())
-            src_ids = np.fromiter(chain.from_iterable(src[i] for i in kept), dtype, count=int(src_len[kept].sum()))
-            tgt_ids = np.fromiter(chain.from_iterable(tgt[i] for i in kept), dtype, count=int(tgt_len[kept].sum()))
-            unknown.add([src_text[i] for i in kept], [tgt_text[i] for i in kept], src_ids, src_len[kept], tgt_ids,
-                        tgt_len[kept])
-            src_ids = np.insert(src_ids, np.cumsum(src_len[kept]), EOS_ID)  # eos after every sentence
+            src_ids = np.fromiter(
+                chain.from_iterable(src[i] for i in kept), dtype, count=int(src_len[kept].sum())
+            )
+            tgt_ids = np.fromiter(
+                chain.from_iterable(tgt[i] for i in kept), dtype, count=int(tgt_len[kept].sum())
+            )
+            unknown.add(
+                [src_text[i] for i in kept],
+                [tgt_text[i] for i in kept],
+                src_ids,
+                src_len[kept],
+                tgt_ids,
+                tgt_len[kept],
+            )
+            src_ids = np.insert(
+                src_ids, np.cumsum(src_len[kept]), EOS_ID
+            )  # eos after every sentence
             src_file.write(src_ids.tobytes())
             tgt_file.write(tgt_ids.tobytes())
             src_lengths.append(src_len[kept] + 1)
@@ -412,8 +544,10 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
             os.fsync(f.fileno())
     n_pairs = sum(len(a) for a in src_lengths)
     if n_pairs == 0:
-        raise DataError(f"{source.origin}: no training pair is left after dropping {n_empty} with an empty side and "
-                        f"{n_long} longer than data.max_len={max_len} tokens")
+        raise DataError(
+            f"{source.origin}: no training pair is left after dropping {n_empty} with an empty side and "
+            f"{n_long} longer than data.max_len={max_len} tokens"
+        )
     for side, lengths in (("src", src_lengths), ("tgt", tgt_lengths)):
         offsets = np.zeros(n_pairs + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
@@ -421,5 +555,11 @@ def _encode_into(folder: Path, source: SplitSource, encode: ChunkEncoder, max_le
             np.save(f, offsets)
             f.flush()
             os.fsync(f.fileno())
-    return {"n_read": n_read, "n_pairs": n_pairs, "dropped_empty": n_empty, "dropped_too_long": n_long,
-            "src_tokens": int(sum(a.sum() for a in src_lengths)), "tgt_tokens": int(sum(a.sum() for a in tgt_lengths))}
+    return {
+        "n_read": n_read,
+        "n_pairs": n_pairs,
+        "dropped_empty": n_empty,
+        "dropped_too_long": n_long,
+        "src_tokens": int(sum(a.sum() for a in src_lengths)),
+        "tgt_tokens": int(sum(a.sum() for a in tgt_lengths)),
+    }

@@ -9,5 +9,13 @@ from .interface import IncrementalCache, IncrementalDecoder
 from .rules import NextTokenRules, max_output_length, max_output_lengths
 from .search import search
 
-__all__ = ["Hypothesis", "IncrementalCache", "IncrementalDecoder", "NextTokenRules", "gnmt_length_penalty",
-           "max_output_length", "max_output_lengths", "search"]
+__all__ = [
+    "Hypothesis",
+    "IncrementalCache",
+    "IncrementalDecoder",
+    "NextTokenRules",
+    "gnmt_length_penalty",
+    "max_output_length",
+    "max_output_lengths",
+    "search",
+]

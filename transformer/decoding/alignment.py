@@ -25,7 +25,9 @@ def word_index(pieces: list[str]) -> list[int]:
     return words
 
 
-def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int]]:
+def align_words(
+    weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
+) -> list[tuple[int, int]]:
     """Pharaoh word pairs (source word i, target word j) from piece-level attention.
 
     Args:

@@ -64,8 +64,9 @@ class BeamSearchState:
     cache: IncrementalCache
 
 
-def initialise(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor,
-               beam_size: int) -> BeamSearchState:
+def initialise(
+    model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, beam_size: int
+) -> BeamSearchState:
     """Encode once, make a cache with beam_size rows per sentence, and start each sentence with one live
     hypothesis."""
     n = src.size(0)
@@ -73,11 +74,14 @@ def initialise(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Ten
     scores = torch.full((n, beam_size), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the other beams are copies of it; -inf keeps them out of the first top-k
     tokens = torch.full((n * beam_size, 1), BOS_ID, dtype=torch.long, device=src.device)
-    return BeamSearchState(list(range(n)), scores, tokens, model.new_cache(memory, src_key_padding_mask, beam_size))
+    return BeamSearchState(
+        list(range(n)), scores, tokens, model.new_cache(memory, src_key_padding_mask, beam_size)
+    )
 
 
-def expand(model: IncrementalDecoder, state: BeamSearchState, step: int,
-           rules: NextTokenRules) -> tuple[Tensor, Tensor]:
+def expand(
+    model: IncrementalDecoder, state: BeamSearchState, step: int, rules: NextTokenRules
+) -> tuple[Tensor, Tensor]:
     """The best one-token extensions of every live hypothesis, by total log-probability.
 
     Only each hypothesis' 2·beam_size most probable next tokens can be among its sentence's 2·beam_size best
@@ -91,10 +95,14 @@ def expand(model: IncrementalDecoder, state: BeamSearchState, step: int,
     logits = model.decode_step(state.tokens[:, -1], state.cache)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n_alive * beam_size, vocab)
     n_alive, beam_size = state.scores.shape
-    rules.apply_(lprobs, state.tokens[:, 1:], [i for i in state.alive for _ in range(beam_size)], step)
+    rules.apply_(
+        lprobs, state.tokens[:, 1:], [i for i in state.alive for _ in range(beam_size)], step
+    )
     best_lprobs, best_tokens = row_topk(lprobs, min(2 * beam_size, lprobs.size(-1)))  # (rows, k)
-    return (state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
-            best_tokens.view(n_alive, beam_size, -1))
+    return (
+        state.scores[:, :, None] + best_lprobs.view(n_alive, beam_size, -1),
+        best_tokens.view(n_alive, beam_size, -1),
+    )
 
 
 class TopCandidates(NamedTuple):
@@ -106,7 +114,9 @@ class TopCandidates(NamedTuple):
     tokens: Tensor
 
 
-def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int) -> TopCandidates:
+def select_top_k(
+    candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: int
+) -> TopCandidates:
     """The 2·beam_size best candidates of each sentence (enough to keep beam_size that do not end in eos).
 
     Args:
@@ -117,12 +127,17 @@ def select_top_k(candidate_scores: Tensor, candidate_tokens: Tensor, beam_size: 
         best first.
     """
     n_alive, _, k = candidate_scores.shape
-    top_scores, top_index = candidate_scores.view(n_alive, -1).topk(min(2 * beam_size, k * beam_size), dim=1)
-    return TopCandidates(top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index))
+    top_scores, top_index = candidate_scores.view(n_alive, -1).topk(
+        min(2 * beam_size, k * beam_size), dim=1
+    )
+    return TopCandidates(
+        top_scores, top_index // k, candidate_tokens.view(n_alive, -1).gather(1, top_index)
+    )
 
 
-def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top: TopCandidates, step: int,
-                      alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+def finish_hypotheses(
+    state: BeamSearchState, sentences: list[_Sentence], top: TopCandidates, step: int, alpha: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Move eos candidates into the finished lists, pick the next live beams, and mark sentences done.
 
     Args:
@@ -138,36 +153,55 @@ def finish_hypotheses(state: BeamSearchState, sentences: list[_Sentence], top: T
     n_alive, beam_size = state.scores.shape
     is_eos = top_tokens.eq(EOS_ID) | top_scores.isneginf()
     # The first beam_size candidates that do not end in eos (stable order: best first).
-    rank = is_eos.long() * top_tokens.size(1) + torch.arange(top_tokens.size(1), device=top_tokens.device)
+    rank = is_eos.long() * top_tokens.size(1) + torch.arange(
+        top_tokens.size(1), device=top_tokens.device
+    )
     keep = rank.argsort(dim=1)[:, :beam_size]
     next_scores, next_beams = top_scores.gather(1, keep), top_beams.gather(1, keep)
     next_tokens = top_tokens.gather(1, keep)
     base = torch.arange(n_alive, device=top_beams.device)[:, None] * beam_size
     next_rows = base + next_beams  # (n_alive, beam_size)
-    eos_hits = (top_tokens[:, :beam_size].eq(EOS_ID) & top_scores[:, :beam_size].isfinite()).nonzero().tolist()
+    eos_hits = (
+        (top_tokens[:, :beam_size].eq(EOS_ID) & top_scores[:, :beam_size].isfinite())
+        .nonzero()
+        .tolist()
+    )
     if eos_hits:
         scores_list, beams_list = top_scores.tolist(), top_beams.tolist()
         for i, j in eos_hits:
             sentence = sentences[state.alive[i]]
             tokens = state.tokens[i * beam_size + beams_list[i][j], 1:].tolist()
             raw = scores_list[i][j]
-            sentence.finished.append(Hypothesis(tokens, raw / gnmt_length_penalty(step + 1, alpha), True))
+            sentence.finished.append(
+                Hypothesis(tokens, raw / gnmt_length_penalty(step + 1, alpha), True)
+            )
     for i, index in enumerate(state.alive):
         sentence = sentences[index]
         if len(sentence.finished) >= beam_size:
             sentence.is_done = True
         elif step + 1 >= sentence.max_len:  # length cap: keep the live hypotheses as fall-backs
-            rows, scores, tokens = next_rows[i].tolist(), next_scores[i].tolist(), next_tokens[i].tolist()
+            rows, scores, tokens = (
+                next_rows[i].tolist(),
+                next_scores[i].tolist(),
+                next_tokens[i].tolist(),
+            )
             for row, raw, token in zip(rows, scores, tokens):
                 if raw != float("-inf"):
                     seq = state.tokens[row, 1:].tolist() + [token]
-                    sentence.unfinished.append(Hypothesis(seq, raw / gnmt_length_penalty(step + 1, alpha), False))
+                    sentence.unfinished.append(
+                        Hypothesis(seq, raw / gnmt_length_penalty(step + 1, alpha), False)
+                    )
             sentence.is_done = True
     return next_scores, next_rows, next_tokens
 
 
-def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Tensor, next_rows: Tensor,
-            next_tokens: Tensor) -> BeamSearchState:
+def advance(
+    state: BeamSearchState,
+    sentences: list[_Sentence],
+    next_scores: Tensor,
+    next_rows: Tensor,
+    next_tokens: Tensor,
+) -> BeamSearchState:
     """Reorder the hypotheses' tokens and the cache to the next live hypotheses, and drop the sentences that are
     done."""
     beam_size = next_scores.size(1)
@@ -178,10 +212,16 @@ def advance(state: BeamSearchState, sentences: list[_Sentence], next_scores: Ten
     state = BeamSearchState(state.alive, next_scores, tokens, state.cache)
     if len(keep) < len(state.alive):
         keep_t = torch.tensor(keep, dtype=torch.long, device=tokens.device)
-        row_index = (keep_t[:, None] * beam_size + torch.arange(beam_size, device=tokens.device)).view(-1)
+        row_index = (
+            keep_t[:, None] * beam_size + torch.arange(beam_size, device=tokens.device)
+        ).view(-1)
         state.cache.select(row_index, keep_t)
-        state = BeamSearchState([state.alive[i] for i in keep], next_scores.index_select(0, keep_t),
-                                tokens.index_select(0, row_index), state.cache)
+        state = BeamSearchState(
+            [state.alive[i] for i in keep],
+            next_scores.index_select(0, keep_t),
+            tokens.index_select(0, row_index),
+            state.cache,
+        )
     return state
 
 
@@ -200,8 +240,13 @@ def pick_n_best(sentence: _Sentence, n_best: int) -> list[Hypothesis]:
 
 
 @torch.no_grad()
-def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
-                prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
+def beam_search(
+    model: IncrementalDecoder,
+    src: Tensor,
+    src_key_padding_mask: Tensor,
+    options: DecodingConfig,
+    prefixes: Optional[list[Optional[list[int]]]] = None,
+) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
     Args:
@@ -217,14 +262,18 @@ def beam_search(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Te
         Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
         cap, only when fewer than n_best hypotheses finished).
     """
-    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions, prefixes)
+    max_lengths = max_output_lengths(
+        src_key_padding_mask, options, model.config.max_positions, prefixes
+    )
     rules = NextTokenRules(options, prefixes)
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, options.beam_size)
     for step in range(max(max_lengths)):
         candidate_scores, candidate_tokens = expand(model, state, step, rules)
         top = select_top_k(candidate_scores, candidate_tokens, options.beam_size)
-        next_scores, next_rows, next_tokens = finish_hypotheses(state, sentences, top, step, options.length_penalty)
+        next_scores, next_rows, next_tokens = finish_hypotheses(
+            state, sentences, top, step, options.length_penalty
+        )
         state = advance(state, sentences, next_scores, next_rows, next_tokens)
         if not state.alive:
             break

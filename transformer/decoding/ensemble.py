@@ -47,19 +47,30 @@ class EnsembleDecoder:
             raise ValueError("an ensemble needs at least two models")
         sizes = {m.config.tgt_vocab_size for m in members}
         if len(sizes) > 1:
-            raise ValueError(f"ensemble members have target vocabularies of different sizes: {sorted(sizes)}")
+            raise ValueError(
+                f"ensemble members have target vocabularies of different sizes: {sorted(sizes)}"
+            )
         self.members = members
-        self.config = dataclasses.replace(members[0].config,
-                                          max_positions=min(m.config.max_positions for m in members))
+        self.config = dataclasses.replace(
+            members[0].config, max_positions=min(m.config.max_positions for m in members)
+        )
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor) -> list[Any]:
         """Each member's memory of `src` (`(batch, src_len, d_model)` each; the widths may differ)."""
         return [m.encode(src, src_key_padding_mask) for m in self.members]
 
-    def new_cache(self, memory: list[Any], memory_key_padding_mask: Optional[Tensor] = None,
-                  beam_size: int = 1) -> EnsembleCache:
-        return EnsembleCache([m.new_cache(mem, memory_key_padding_mask, beam_size)
-                              for m, mem in zip(self.members, memory)])
+    def new_cache(
+        self,
+        memory: list[Any],
+        memory_key_padding_mask: Optional[Tensor] = None,
+        beam_size: int = 1,
+    ) -> EnsembleCache:
+        return EnsembleCache(
+            [
+                m.new_cache(mem, memory_key_padding_mask, beam_size)
+                for m, mem in zip(self.members, memory)
+            ]
+        )
 
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
         """The mean of the members' log-probabilities of the next token, `(rows, tgt_vocab_size)`."""

@@ -18,8 +18,14 @@ from .interface import IncrementalCache, IncrementalDecoder
 from .rules import NextTokenRules, max_output_lengths
 
 
-def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], finished: list[bool],
-                    max_lengths: list[int], cache: IncrementalCache) -> tuple[list[int], Tensor]:
+def keep_unfinished(
+    tokens: Tensor,
+    alive: list[int],
+    outputs: list[list[int]],
+    finished: list[bool],
+    max_lengths: list[int],
+    cache: IncrementalCache,
+) -> tuple[list[int], Tensor]:
     """One step's bookkeeping for searches with one row per output (greedy decoding, sampling): append each row's
     token to its output (eos marks it finished instead), then drop the rows that finished or reached their length
     cap from the batch and from the cache.
@@ -48,8 +54,14 @@ def keep_unfinished(tokens: Tensor, alive: list[int], outputs: list[list[int]], 
 
 
 @torch.no_grad()
-def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
-                  prefixes: Optional[list[Optional[list[int]]]] = None, scores: bool = True) -> list[Hypothesis]:
+def greedy_decode(
+    model: IncrementalDecoder,
+    src: Tensor,
+    src_key_padding_mask: Tensor,
+    options: DecodingConfig,
+    prefixes: Optional[list[Optional[list[int]]]] = None,
+    scores: bool = True,
+) -> list[Hypothesis]:
     """Pick the most probable next token allowed by `NextTokenRules` until eos or the length cap, for a batch of
     sentences.
 
@@ -73,10 +85,14 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     """
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
-    max_lengths = max_output_lengths(src_key_padding_mask, options, model.config.max_positions, prefixes)
+    max_lengths = max_output_lengths(
+        src_key_padding_mask, options, model.config.max_positions, prefixes
+    )
     rules = NextTokenRules(options, prefixes)
     cache = model.new_cache(memory, src_key_padding_mask)
-    last = torch.full((n,), BOS_ID, dtype=torch.long, device=src.device)  # (alive,): each row's last token
+    last = torch.full(
+        (n,), BOS_ID, dtype=torch.long, device=src.device
+    )  # (alive,): each row's last token
     alive = list(range(n))  # input positions of the rows still decoding
     outputs: list[list[int]] = [[] for _ in range(n)]
     totals, finished = [0.0] * n, [False] * n
@@ -94,4 +110,6 @@ def greedy_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         alive, last = keep_unfinished(best, alive, outputs, finished, max_lengths, cache)
         if not alive:
             break
-    return [Hypothesis(outputs[i], totals[i] if scores else float("nan"), finished[i]) for i in range(n)]
+    return [
+        Hypothesis(outputs[i], totals[i] if scores else float("nan"), finished[i]) for i in range(n)
+    ]

@@ -14,8 +14,7 @@ from ..config import TransformerConfig
 
 
 class IncrementalCache(Protocol):
-    """The state an `IncrementalDecoder` keeps between steps (keys and values of the decoded positions, the memory).
-    """
+    """The state an `IncrementalDecoder` keeps between steps (keys and values of the decoded positions, the memory)."""
 
     def select(self, index: Tensor, memory_index: Optional[Tensor] = None) -> None:
         """Keep, reorder or repeat rows: new row i continues old row `index[i]`.
@@ -42,8 +41,9 @@ class IncrementalDecoder(Protocol):
         `new_cache` takes: a Tensor `(batch, src_len, d_model)` for one model, a list of them (one per member) for
         an ensemble (`decoding/ensemble.py`). The searches only hand it on."""
 
-    def new_cache(self, memory: Any, memory_key_padding_mask: Optional[Tensor] = None,
-                  beam_size: int = 1) -> IncrementalCache:
+    def new_cache(
+        self, memory: Any, memory_key_padding_mask: Optional[Tensor] = None, beam_size: int = 1
+    ) -> IncrementalCache:
         """A cache for decoding `memory` (what `encode` returned), each sentence on beam_size consecutive rows
         (`batch * beam_size` rows in all)."""
 

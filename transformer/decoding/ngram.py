@@ -29,8 +29,10 @@ def blocked_tokens(prefix: list[int], n: int) -> set[int]:
         return set()
     if n == 1:
         return set(prefix) - {EOS_ID}
-    tail = prefix[len(prefix) - (n - 1):]
-    return {prefix[i + n - 1] for i in range(len(prefix) - n + 1) if prefix[i:i + n - 1] == tail} - {EOS_ID}
+    tail = prefix[len(prefix) - (n - 1) :]
+    return {
+        prefix[i + n - 1] for i in range(len(prefix) - n + 1) if prefix[i : i + n - 1] == tail
+    } - {EOS_ID}
 
 
 def block_repeated_ngrams_(scores: Tensor, prefixes: list[list[int]], n: int) -> None:
@@ -71,14 +73,20 @@ def block_long_runs_(scores: Tensor, prefixes: list[list[int]] | Tensor, max_rep
         return
     rows, tokens = [], []
     for row, prefix in enumerate(prefixes):
-        if len(prefix) >= max_repeat and prefix[-1] != EOS_ID and prefix[-max_repeat:].count(prefix[-1]) == max_repeat:
+        if (
+            len(prefix) >= max_repeat
+            and prefix[-1] != EOS_ID
+            and prefix[-max_repeat:].count(prefix[-1]) == max_repeat
+        ):
             rows.append(row)
             tokens.append(prefix[-1])
     if rows:
         scores[rows, tokens] = float("-inf")
 
 
-def force_prefix_(scores: Tensor, model_scores: Tensor, prefixes: list[Optional[list[int]]], step: int) -> None:
+def force_prefix_(
+    scores: Tensor, model_scores: Tensor, prefixes: list[Optional[list[int]]], step: int
+) -> None:
     """Forced target prefixes: where `step` is inside a row's prefix, only the prefix's token may be produced, with
     the score the model gives it (in place).
 

@@ -48,8 +48,14 @@ def n_best_search(options: DecodingConfig) -> tuple[DecodingConfig, bool]:
 def warn_length_cap(n_hit: int, n_outputs: int, options: DecodingConfig) -> None:
     """Log how many of `n_outputs` best outputs were cut at the length cap (nothing when none was)."""
     if n_hit:
-        logger.warning("%d of %d outputs reached the length cap max_len_a * src_len + max_len_b (%.3g * src_len + %d "
-                       "tokens) before eos", n_hit, n_outputs, options.max_len_a, options.max_len_b)
+        logger.warning(
+            "%d of %d outputs reached the length cap max_len_a * src_len + max_len_b (%.3g * src_len + %d "
+            "tokens) before eos",
+            n_hit,
+            n_outputs,
+            options.max_len_a,
+            options.max_len_b,
+        )
 
 
 def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = None) -> list[int]:
@@ -83,12 +89,22 @@ def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> Deco
     values = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(DecodingConfig)})
     if unknown:
-        raise OptionError(f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig")
-    ignored = [k for k in ("top_k", "top_p", "temperature", "seed") if k in values and values[k] != getattr(base, k)]
+        raise OptionError(
+            f"unknown decoding option {unknown[0]!r}: expected fields of DecodingConfig"
+        )
+    ignored = [
+        k
+        for k in ("top_k", "top_p", "temperature", "seed")
+        if k in values and values[k] != getattr(base, k)
+    ]
     if ignored and not values.get("sampling", base.sampling):
-        detail = ("used only when sampling (--sampling; sampling: true in a config or request): add it, or leave "
-                  "this option out")
-        raise ConfigError(f"decoding.{ignored[0]}: {detail}", key=f"decoding.{ignored[0]}", detail=detail)
+        detail = (
+            "used only when sampling (--sampling; sampling: true in a config or request): add it, or leave "
+            "this option out"
+        )
+        raise ConfigError(
+            f"decoding.{ignored[0]}: {detail}", key=f"decoding.{ignored[0]}", detail=detail
+        )
     if values.get("sampling") and "beam_size" not in values:  # sampling draws one token at a time
         values["beam_size"] = 1
     if "beam_size" in values and "n_best" not in values:

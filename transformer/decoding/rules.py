@@ -25,15 +25,20 @@ History = Union[list[list[int]], Tensor]
 """Per row, the tokens generated so far (bos excluded): lists, or a `(rows, steps)` LongTensor (beam search's)."""
 
 
-def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positions: int, prefix_len: int = 0
-                      ) -> int:
+def max_output_length(
+    src_len: int, max_len_a: float, max_len_b: int, max_positions: int, prefix_len: int = 0
+) -> int:
     """The output length cap of one sentence of src_len source tokens (eos included) with a forced prefix of
     prefix_len tokens, in decoding steps; see `max_output_lengths`."""
     return max(1, min(max_positions - 1, prefix_len + int(max_len_a * src_len + max_len_b)))
 
 
-def max_output_lengths(src_key_padding_mask: Tensor, options: DecodingConfig, max_positions: int,
-                       prefixes: Optional[list[Optional[list[int]]]] = None) -> list[int]:
+def max_output_lengths(
+    src_key_padding_mask: Tensor,
+    options: DecodingConfig,
+    max_positions: int,
+    prefixes: Optional[list[Optional[list[int]]]] = None,
+) -> list[int]:
     """The output length cap of each sentence, in decoding steps (output tokens, eos counted).
 
     For a sentence of src_len source tokens (eos included), max_len = floor(max_len_a * src_len + max_len_b),
@@ -53,11 +58,15 @@ def max_output_lengths(src_key_padding_mask: Tensor, options: DecodingConfig, ma
         max_len per sentence (steps).
     """
     src_lengths = (~src_key_padding_mask).sum(1).tolist()
-    prefix_lengths = [len(p) if p else 0 for p in prefixes] if prefixes is not None else [0] * len(src_lengths)
+    prefix_lengths = (
+        [len(p) if p else 0 for p in prefixes] if prefixes is not None else [0] * len(src_lengths)
+    )
     if len(prefix_lengths) != len(src_lengths):
         raise ValueError(f"{len(src_lengths)} sentences but {len(prefix_lengths)} prefixes")
-    return [max_output_length(n, options.max_len_a, options.max_len_b, max_positions, k)
-            for n, k in zip(src_lengths, prefix_lengths)]
+    return [
+        max_output_length(n, options.max_len_a, options.max_len_b, max_positions, k)
+        for n, k in zip(src_lengths, prefix_lengths)
+    ]
 
 
 class NextTokenRules:
@@ -68,7 +77,9 @@ class NextTokenRules:
         prefixes: per sentence, the target tokens its outputs must start with (None: free); None for no prefixes.
     """
 
-    def __init__(self, options: DecodingConfig, prefixes: Optional[list[Optional[list[int]]]] = None) -> None:
+    def __init__(
+        self, options: DecodingConfig, prefixes: Optional[list[Optional[list[int]]]] = None
+    ) -> None:
         self.min_len = options.min_len
         self.no_repeat_ngram_size = options.no_repeat_ngram_size
         self.max_repeat = options.max_repeat
@@ -94,8 +105,11 @@ class NextTokenRules:
         if step < self.min_len:
             scores[:, EOS_ID] = float("-inf")
         if self.no_repeat_ngram_size:
-            block_repeated_ngrams_(scores, history.tolist() if isinstance(history, Tensor) else history,
-                                   self.no_repeat_ngram_size)
+            block_repeated_ngrams_(
+                scores,
+                history.tolist() if isinstance(history, Tensor) else history,
+                self.no_repeat_ngram_size,
+            )
         block_long_runs_(scores, history, self.max_repeat)
         if self.prefixes is not None:
             force_prefix_(scores, model_scores, [self.prefixes[s] for s in sentences], step)

@@ -23,7 +23,9 @@ from .interface import IncrementalDecoder
 from .rules import NextTokenRules, max_output_lengths
 
 
-def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0) -> Tensor:
+def sampling_distribution(
+    logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0
+) -> Tensor:
     """The probabilities tokens are drawn from: softmax(logits / temperature), then only the top_k most probable
     (0: all; tokens tied with the k-th most probable are kept too, so a row can keep more than top_k) and, of
     those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
@@ -45,7 +47,9 @@ def sampling_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, te
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more probable tokens
-        kept = before < top_p * sorted_probs.sum(-1, keepdim=True)  # the most probable token is always kept
+        kept = before < top_p * sorted_probs.sum(
+            -1, keepdim=True
+        )  # the most probable token is always kept
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * kept)
     return probs / probs.sum(-1, keepdim=True)
 
@@ -65,8 +69,13 @@ def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
-                  prefixes: Optional[list[Optional[list[int]]]] = None) -> list[list[Hypothesis]]:
+def sample_decode(
+    model: IncrementalDecoder,
+    src: Tensor,
+    src_key_padding_mask: Tensor,
+    options: DecodingConfig,
+    prefixes: Optional[list[Optional[list[int]]]] = None,
+) -> list[list[Hypothesis]]:
     """Draw options.n_best outputs per sentence (see the module docstring), each token among those that
     `rules.NextTokenRules` allows.
 
@@ -85,9 +94,14 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
     """
     n_samples = options.n_best
     lengths = (~src_key_padding_mask).sum(1).tolist()
-    streams = [random.Random(f"{options.seed}:{k}:{' '.join(map(str, row[:n].tolist()))}")
-               for row, n in zip(src, lengths) for k in range(n_samples)]
-    src = src.repeat_interleave(n_samples, dim=0)  # (batch * n_samples, src_len): one row per sample
+    streams = [
+        random.Random(f"{options.seed}:{k}:{' '.join(map(str, row[:n].tolist()))}")
+        for row, n in zip(src, lengths)
+        for k in range(n_samples)
+    ]
+    src = src.repeat_interleave(
+        n_samples, dim=0
+    )  # (batch * n_samples, src_len): one row per sample
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
     rules = NextTokenRules(options, prefixes)
@@ -105,8 +119,13 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         rules.apply_(logits, [outputs[i] for i in alive], sentences, step)
         probs = sampling_distribution(logits, options.top_k, options.top_p, options.temperature)
         # a forced token is the only one left in its row: drawn with 0, it spends nothing of the row's stream
-        uniforms = torch.tensor([streams[i].random() if rules.forced_token(s, step) < 0 else 0.0
-                                 for i, s in zip(alive, sentences)], dtype=torch.float64)
+        uniforms = torch.tensor(
+            [
+                streams[i].random() if rules.forced_token(s, step) < 0 else 0.0
+                for i, s in zip(alive, sentences)
+            ],
+            dtype=torch.float64,
+        )
         tokens = draw(probs, uniforms.to(probs.device))
         for i, lprob in zip(alive, model_lprobs.gather(1, tokens[:, None])[:, 0].tolist()):
             totals[i] += lprob
@@ -114,4 +133,4 @@ def sample_decode(model: IncrementalDecoder, src: Tensor, src_key_padding_mask: 
         if not alive:
             break
     hyps = [Hypothesis(outputs[i], totals[i], finished[i]) for i in range(rows)]
-    return [hyps[s * n_samples:(s + 1) * n_samples] for s in range(rows // n_samples)]
+    return [hyps[s * n_samples : (s + 1) * n_samples] for s in range(rows // n_samples)]

@@ -22,8 +22,14 @@ from .interface import IncrementalDecoder
 from .sampling import sample_decode
 
 
-def search(decoder: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tensor, options: DecodingConfig,
-           prefixes: Optional[list[Optional[list[int]]]] = None, scores: bool = True) -> list[list[Hypothesis]]:
+def search(
+    decoder: IncrementalDecoder,
+    src: Tensor,
+    src_key_padding_mask: Tensor,
+    options: DecodingConfig,
+    prefixes: Optional[list[Optional[list[int]]]] = None,
+    scores: bool = True,
+) -> list[list[Hypothesis]]:
     """Decode a batch of sentences with the search `options` names: sampling (`options.sampling`), greedy decoding
     (beam_size 1) or beam search.
 
@@ -42,7 +48,10 @@ def search(decoder: IncrementalDecoder, src: Tensor, src_key_padding_mask: Tenso
     if options.sampling:
         found = sample_decode(decoder, src, src_key_padding_mask, options, prefixes)
     elif options.beam_size == 1:
-        found = [[h] for h in greedy_decode(decoder, src, src_key_padding_mask, options, prefixes, scores)]
+        found = [
+            [h]
+            for h in greedy_decode(decoder, src, src_key_padding_mask, options, prefixes, scores)
+        ]
     else:
         found = beam_search(decoder, src, src_key_padding_mask, options, prefixes)
     if not scores:

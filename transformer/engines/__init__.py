@@ -10,5 +10,12 @@ from .ctranslate2 import CTranslate2Engine
 from .open import load_model, open_engine
 from .pytorch import PyTorchEngine, check_workers
 
-__all__ = ["CTranslate2Engine", "Engine", "PyTorchEngine", "SourceBatch", "check_workers", "load_model",
-           "open_engine"]
+__all__ = [
+    "CTranslate2Engine",
+    "Engine",
+    "PyTorchEngine",
+    "SourceBatch",
+    "check_workers",
+    "load_model",
+    "open_engine",
+]

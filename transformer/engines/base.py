@@ -60,7 +60,9 @@ class Engine(Protocol):
     compile: bool
     workers: int
 
-    def search(self, batches: list[SourceBatch], options: DecodingConfig, scores: bool) -> list[list[list[Hypothesis]]]:
+    def search(
+        self, batches: list[SourceBatch], options: DecodingConfig, scores: bool
+    ) -> list[list[list[Hypothesis]]]:
         """Decode the batches of one call.
 
         Args:

@@ -64,14 +64,20 @@ class CTranslate2Engine:
     quantization: Optional[str] = None
     compile = False
 
-    def __init__(self, path: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1) -> None:
+    def __init__(
+        self, path: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1
+    ) -> None:
         check_workers(workers)
         ct2 = ctranslate2_module()
         path = Path(path)
         metadata = json.loads((path / METADATA).read_text())
-        self.config: Config = config_from_dict(metadata["config"], vocab_sizes=tuple(metadata["vocab_sizes"]))
+        self.config: Config = config_from_dict(
+            metadata["config"], vocab_sizes=tuple(metadata["vocab_sizes"])
+        )
         protos = [(path / name).read_bytes() for name in metadata["sentencepiece"]]
-        self.tokenizer = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None, metadata.get("vocab"))
+        self.tokenizer = Tokenizer(
+            protos[0], protos[1] if len(protos) > 1 else None, metadata.get("vocab")
+        )
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() else "cpu"
         if device.split(":")[0] not in ("cpu", "cuda"):
@@ -80,8 +86,13 @@ class CTranslate2Engine:
         index = int(device.split(":")[1]) if ":" in device else 0
         if workers > 1:
             threads = max(1, (threads or torch.get_num_threads()) // workers)
-        self._open = lambda: ct2.Translator(str(path), device=device.split(":")[0], device_index=index,
-                                            intra_threads=threads, inter_threads=workers)
+        self._open = lambda: ct2.Translator(
+            str(path),
+            device=device.split(":")[0],
+            device_index=index,
+            intra_threads=threads,
+            inter_threads=workers,
+        )
         self.model = self._open()
         self.max_source_len = self.config.model.max_positions  # eos included: CTranslate2 adds it
         self._runs: list[list[str]] = []
@@ -92,53 +103,98 @@ class CTranslate2Engine:
         """Nothing to prepare: 0 seconds."""
         return 0.0
 
-    def search(self, batches: list[SourceBatch], options: DecodingConfig, scores: bool) -> list[list[list[Hypothesis]]]:
+    def search(
+        self, batches: list[SourceBatch], options: DecodingConfig, scores: bool
+    ) -> list[list[list[Hypothesis]]]:
         """`Engine.search` through `ctranslate2.Translator.translate_batch`, one call per batch."""
         if options.beam_size > 1 and options.length_penalty > 0 and not self._told_length_penalty:
             self._told_length_penalty = True
-            logger.warning("CTranslate2's beam search ranks by log-probability / |Y|^%g (ours: / ((5 + |Y|) / 6)^%g): "
-                           "some beam outputs can differ from the .pt checkpoint's (docs/decoding.md)",
-                           options.length_penalty, options.length_penalty)
-        if options.sampling and batches:  # CTranslate2 seeds its threads' generators when it loads a model: reload
+            logger.warning(
+                "CTranslate2's beam search ranks by log-probability / |Y|^%g (ours: / ((5 + |Y|) / 6)^%g): "
+                "some beam outputs can differ from the .pt checkpoint's (docs/decoding.md)",
+                options.length_penalty,
+                options.length_penalty,
+            )
+        if (
+            options.sampling and batches
+        ):  # CTranslate2 seeds its threads' generators when it loads a model: reload
             ctranslate2_module().set_random_seed(options.seed)
             self.model = self._open()
         return [self._search(batch, options, scores) for batch in batches]
 
-    def _search(self, batch: SourceBatch, options: DecodingConfig, scores: bool) -> list[list[Hypothesis]]:
+    def _search(
+        self, batch: SourceBatch, options: DecodingConfig, scores: bool
+    ) -> list[list[Hypothesis]]:
         tokenizer = self.tokenizer
-        source = [[tokenizer.id_to_piece(t, "src") for t in ids[:-1]] for ids in batch.src_ids]  # it adds the eos
+        source = [
+            [tokenizer.id_to_piece(t, "src") for t in ids[:-1]] for ids in batch.src_ids
+        ]  # it adds the eos
         prefix_lengths = [len(p) if p else 0 for p in batch.prefixes or [None] * len(batch.src_ids)]
-        caps = [max_output_length(len(ids), options.max_len_a, options.max_len_b, self.config.model.max_positions, k)
-                for ids, k in zip(batch.src_ids, prefix_lengths)]
-        targets = None if batch.prefixes is None else [
-            None if p is None else [tokenizer.id_to_piece(t) for t in p] for p in batch.prefixes]
-        sampling = dict(sampling_topk=options.top_k, sampling_topp=options.top_p,
-                        sampling_temperature=options.temperature) if options.sampling else {}
+        caps = [
+            max_output_length(
+                len(ids), options.max_len_a, options.max_len_b, self.config.model.max_positions, k
+            )
+            for ids, k in zip(batch.src_ids, prefix_lengths)
+        ]
+        targets = (
+            None
+            if batch.prefixes is None
+            else [
+                None if p is None else [tokenizer.id_to_piece(t) for t in p] for p in batch.prefixes
+            ]
+        )
+        sampling = (
+            dict(
+                sampling_topk=options.top_k,
+                sampling_topp=options.top_p,
+                sampling_temperature=options.temperature,
+            )
+            if options.sampling
+            else {}
+        )
         beam = options.beam_size > 1 and not options.sampling
-        greedy_draws = options.sampling and options.top_k == 1  # CTranslate2 decodes it greedily: one hypothesis
+        greedy_draws = (
+            options.sampling and options.top_k == 1
+        )  # CTranslate2 decodes it greedily: one hypothesis
         out = self.model.translate_batch(
-            source, beam_size=options.beam_size,
+            source,
+            beam_size=options.beam_size,
             length_penalty=options.length_penalty if options.beam_size > 1 else 0.0,
             num_hypotheses=options.beam_size if beam else 1 if greedy_draws else options.n_best,
-            max_decoding_length=max(caps), min_decoding_length=options.min_len,
-            no_repeat_ngram_size=options.no_repeat_ngram_size, return_scores=beam,
-            max_batch_size=options.batch_size, target_prefix=targets,
-            suppress_sequences=self._long_runs(options.max_repeat), **sampling)
+            max_decoding_length=max(caps),
+            min_decoding_length=options.min_len,
+            no_repeat_ngram_size=options.no_repeat_ngram_size,
+            return_scores=beam,
+            max_batch_size=options.batch_size,
+            target_prefix=targets,
+            suppress_sequences=self._long_runs(options.max_repeat),
+            **sampling,
+        )
         # One cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are. As in our
         # search, a hypothesis is finished when it ended with eos within its cap: fewer than `cap` pieces.
         pieces = [[h[:cap] for h in result.hypotheses] for cap, result in zip(caps, out)]
         finished = [[len(h) < cap for h in sentence] for cap, sentence in zip(caps, pieces)]
         if beam:  # the whole beam, ranked as ours (whatever n_best: the 1-best is the n-best list's first)
-            ranked = [order[:options.n_best] for order in self._rank_as_ours(source, out, pieces, finished, targets,
-                                                                             options)]
+            ranked = [
+                order[: options.n_best]
+                for order in self._rank_as_ours(source, out, pieces, finished, targets, options)
+            ]
             pieces = [[sentence[k] for k in order] for sentence, order in zip(pieces, ranked)]
             finished = [[done[k] for k in order] for done, order in zip(finished, ranked)]
         elif greedy_draws:
-            pieces, finished = [h * options.n_best for h in pieces], [f * options.n_best for f in finished]
-        hyp_scores = (self._scores(source, pieces, finished, options) if scores
-                      else [[float("nan")] * len(h) for h in pieces])
-        return [[Hypothesis(tokenizer.piece_ids(h), score, done) for h, score, done in zip(*sentence)]
-                for sentence in zip(pieces, hyp_scores, finished)]
+            pieces, finished = (
+                [h * options.n_best for h in pieces],
+                [f * options.n_best for f in finished],
+            )
+        hyp_scores = (
+            self._scores(source, pieces, finished, options)
+            if scores
+            else [[float("nan")] * len(h) for h in pieces]
+        )
+        return [
+            [Hypothesis(tokenizer.piece_ids(h), score, done) for h, score, done in zip(*sentence)]
+            for sentence in zip(pieces, hyp_scores, finished)
+        ]
 
     def _long_runs(self, max_repeat: int) -> Optional[list[list[str]]]:
         """decoding.max_repeat for CTranslate2: every target piece (but the special ones) max_repeat + 1 times in
@@ -151,9 +207,15 @@ class CTranslate2Engine:
             self._runs_of = max_repeat
         return self._runs
 
-    def _rank_as_ours(self, source: list[list[str]], results: list, pieces: list[list[list[str]]],
-                      finished: list[list[bool]], prefixes: Optional[list[Optional[list[str]]]],
-                      options: DecodingConfig) -> list[list[int]]:
+    def _rank_as_ours(
+        self,
+        source: list[list[str]],
+        results: list,
+        pieces: list[list[list[str]]],
+        finished: list[list[bool]],
+        prefixes: Optional[list[Optional[list[str]]]],
+        options: DecodingConfig,
+    ) -> list[list[int]]:
         """The order of each sentence's beam hypotheses (CTranslate2's `results`, ranked by its own length penalty)
         as our beam search ranks them (`decoding/beam.py: pick_n_best`): the finished ones first, best first by our
         score (log-probability / ((5 + |Y|) / 6)^α), then those cut at the length cap, likewise.
@@ -173,16 +235,34 @@ class CTranslate2Engine:
             Per sentence, indices into its hypotheses, best first.
         """
         alpha = options.length_penalty
-        again = [(i, k) for i, done in enumerate(finished) for k, ended in enumerate(done)
-                 if not ended or _rules_acted(results[i].hypotheses[k], options)]
-        exact = dict(zip(again, (s for [s] in self._scores([source[i] for i, _ in again],
-                                                            [[pieces[i][k]] for i, k in again],
-                                                            [[finished[i][k]] for i, k in again], options))))
+        again = [
+            (i, k)
+            for i, done in enumerate(finished)
+            for k, ended in enumerate(done)
+            if not ended or _rules_acted(results[i].hypotheses[k], options)
+        ]
+        exact = dict(
+            zip(
+                again,
+                (
+                    s
+                    for [s] in self._scores(
+                        [source[i] for i, _ in again],
+                        [[pieces[i][k]] for i, k in again],
+                        [[finished[i][k]] for i, k in again],
+                        options,
+                    )
+                ),
+            )
+        )
         prefix_log_prob = [0.0] * len(source)
         with_prefix = [i for i, prefix in enumerate(prefixes or []) if prefix]
         if with_prefix:  # score_batch scores an eos after the prefix: left out
-            scored = self.model.score_batch([source[i] for i in with_prefix], [prefixes[i] for i in with_prefix],
-                                            max_batch_size=options.batch_size)
+            scored = self.model.score_batch(
+                [source[i] for i in with_prefix],
+                [prefixes[i] for i in with_prefix],
+                max_batch_size=options.batch_size,
+            )
             for i, result in zip(with_prefix, scored):
                 prefix_log_prob[i] = sum(result.log_probs[:-1])
 
@@ -190,12 +270,22 @@ class CTranslate2Engine:
             if (i, k) in exact:
                 return exact[i, k]
             length = len(results[i].hypotheses[k]) + 1
-            return (results[i].scores[k] * length ** alpha + prefix_log_prob[i]) / gnmt_length_penalty(length, alpha)
+            return (
+                results[i].scores[k] * length**alpha + prefix_log_prob[i]
+            ) / gnmt_length_penalty(length, alpha)
 
-        return [sorted(range(len(done)), key=lambda k: (not done[k], -ours(i, k))) for i, done in enumerate(finished)]
+        return [
+            sorted(range(len(done)), key=lambda k: (not done[k], -ours(i, k)))
+            for i, done in enumerate(finished)
+        ]
 
-    def _scores(self, source: list[list[str]], hyps: list[list[list[str]]], finished: list[list[bool]],
-                options: DecodingConfig) -> list[list[float]]:
+    def _scores(
+        self,
+        source: list[list[str]],
+        hyps: list[list[list[str]]],
+        finished: list[list[bool]],
+        options: DecodingConfig,
+    ) -> list[list[float]]:
         """Our score of each hypothesis (as `Hypothesis.score`): the sum of its tokens' log-probabilities, eos
         included for a finished one (not for one cut at the length cap), divided by the GNMT length penalty
         ((5 + |Y|) / 6)^α in beam search (`decoding/beam.py`; |Y| counts the eos when there is one). CTranslate2's
@@ -204,12 +294,20 @@ class CTranslate2Engine:
         pairs = [(src, h) for src, sentence_hyps in zip(source, hyps) for h in sentence_hyps]
         if not pairs:
             return [[] for _ in hyps]
-        scored = self.model.score_batch([src for src, _ in pairs], [h for _, h in pairs],
-                                        max_batch_size=options.batch_size)
+        scored = self.model.score_batch(
+            [src for src, _ in pairs], [h for _, h in pairs], max_batch_size=options.batch_size
+        )
         ends = [f for sentence in finished for f in sentence]
         log_probs = [r.log_probs if end else r.log_probs[:-1] for r, end in zip(scored, ends)]
-        flat = [sum(lp) / (gnmt_length_penalty(len(lp), options.length_penalty) if options.beam_size > 1 else 1.0)
-                for lp in log_probs]
+        flat = [
+            sum(lp)
+            / (
+                gnmt_length_penalty(len(lp), options.length_penalty)
+                if options.beam_size > 1
+                else 1.0
+            )
+            for lp in log_probs
+        ]
         it = iter(flat)
         return [[next(it) for _ in sentence_hyps] for sentence_hyps in hyps]
 
@@ -220,5 +318,8 @@ def _rules_acted(pieces: list[str], options: DecodingConfig) -> bool:
     with max_repeat R, when the pieces hold a run of R equal pieces (the next one was blocked)."""
     if options.min_len or options.no_repeat_ngram_size:
         return True
-    return bool(options.max_repeat) and max((len(list(run)) for _, run in itertools.groupby(pieces)),
-                                            default=0) >= options.max_repeat
+    return (
+        bool(options.max_repeat)
+        and max((len(list(run)) for _, run in itertools.groupby(pieces)), default=0)
+        >= options.max_repeat
+    )

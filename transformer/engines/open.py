@@ -30,7 +30,9 @@ from .ctranslate2 import CTranslate2Engine
 from .pytorch import PyTorchEngine
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, Transformer, Tokenizer]:
+def load_model(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[Config, Transformer, Tokenizer]:
     """Our model from a .pt checkpoint or a MarianMT folder: its config, the model (eval mode) and its tokenizer.
 
     Raises:
@@ -42,21 +44,32 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     if is_marian_dir(path):
         return load_marian(path, map_location)
     if is_ctranslate2_dir(path):
-        raise CheckpointError(f"{path} is a CTranslate2 export, not a checkpoint file: translate, evaluate and serve "
-                              "take it; this needs the .pt checkpoint it was exported from")
+        raise CheckpointError(
+            f"{path} is a CTranslate2 export, not a checkpoint file: translate, evaluate and serve "
+            "take it; this needs the .pt checkpoint it was exported from"
+        )
     if (path / "model.bin").is_file():
-        raise CheckpointError(f"{path} holds a CTranslate2 model.bin without {METADATA}: it was not written by "
-                              "`transformer export`, which the tokenizer and config come from; export the .pt "
-                              "checkpoint again")
+        raise CheckpointError(
+            f"{path} holds a CTranslate2 model.bin without {METADATA}: it was not written by "
+            "`transformer export`, which the tokenizer and config come from; export the .pt "
+            "checkpoint again"
+        )
     if path.is_dir():
-        raise CheckpointError(f"{path} is a folder but not a model: give a .pt checkpoint such as "
-                              f"RUN/checkpoints/best.pt, a CTranslate2 export (model.bin and {METADATA}) or a "
-                              "Hugging Face MarianMT folder (config.json with model_type marian)")
+        raise CheckpointError(
+            f"{path} is a folder but not a model: give a .pt checkpoint such as "
+            f"RUN/checkpoints/best.pt, a CTranslate2 export (model.bin and {METADATA}) or a "
+            "Hugging Face MarianMT folder (config.json with model_type marian)"
+        )
     return load_for_inference(path, map_location)
 
 
-def open_engine(paths: str | Path | list[str | Path], device: str = "cpu", quantization: Optional[str] = None,
-                workers: int = 1, compile: bool = False) -> Engine:
+def open_engine(
+    paths: str | Path | list[str | Path],
+    device: str = "cpu",
+    quantization: Optional[str] = None,
+    workers: int = 1,
+    compile: bool = False,
+) -> Engine:
     """The engine for one path, or an ensemble of several (the table of the module docstring).
 
     Args:
@@ -77,15 +90,23 @@ def open_engine(paths: str | Path | list[str | Path], device: str = "cpu", quant
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     folders = [str(p) for p in paths if is_ctranslate2_dir(p)]
     if folders and len(paths) > 1:
-        raise OptionError(f"an ensemble is of our checkpoints: {folders[0]} is a CTranslate2 folder (CTranslate2 "
-                          "decodes one model)")
+        raise OptionError(
+            f"an ensemble is of our checkpoints: {folders[0]} is a CTranslate2 folder (CTranslate2 "
+            "decodes one model)"
+        )
     if folders:
         if compile:
-            raise OptionError(f"{{compile}} compiles our own decoder; {folders[0]} is a CTranslate2 folder, which "
-                              "decodes with CTranslate2's own decoder", compile=True)
+            raise OptionError(
+                f"{{compile}} compiles our own decoder; {folders[0]} is a CTranslate2 folder, which "
+                "decodes with CTranslate2's own decoder",
+                compile=True,
+            )
         if quantization:
-            raise OptionError(f"{{quantization}}: {folders[0]} is a CTranslate2 folder, whose weight type is chosen "
-                              "when exporting (transformer export --quantization ...)", quantization=quantization)
+            raise OptionError(
+                f"{{quantization}}: {folders[0]} is a CTranslate2 folder, whose weight type is chosen "
+                "when exporting (transformer export --quantization ...)",
+                quantization=quantization,
+            )
         return CTranslate2Engine(folders[0], device=device, workers=workers)
     if compile and len(paths) > 1:
         raise OptionError("{compile} compiles one model's decoder, not an ensemble", compile=True)
@@ -93,18 +114,31 @@ def open_engine(paths: str | Path | list[str | Path], device: str = "cpu", quant
     loaded = [load_model(path) for path in paths]
     _check_ensemble(paths, loaded)
     config, _, tokenizer = loaded[0]
-    return PyTorchEngine([model for _, model, _ in loaded], tokenizer, config, resolved, quantization=quantization,
-                         workers=workers, compile=compile)
+    return PyTorchEngine(
+        [model for _, model, _ in loaded],
+        tokenizer,
+        config,
+        resolved,
+        quantization=quantization,
+        workers=workers,
+        compile=compile,
+    )
 
 
-def _check_ensemble(paths: list[str | Path], loaded: list[tuple[Config, Transformer, Tokenizer]]) -> None:
+def _check_ensemble(
+    paths: list[str | Path], loaded: list[tuple[Config, Transformer, Tokenizer]]
+) -> None:
     """Refuse an ensemble whose members differ in tokenizer and vocabulary, or in language pair (OptionError)."""
     first, data = loaded[0][2].digest(), loaded[0][0].data
     for path, (config, _, tokenizer) in zip(paths[1:], loaded[1:]):
         if tokenizer.digest() != first:
-            raise OptionError(f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
-                              "different ones")
+            raise OptionError(
+                f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
+                "different ones"
+            )
         corpora = {config.data.corpora, data.corpora}
         if len(corpora) > 1 and (Corpus(*UNKNOWN_PAIR),) not in corpora:
-            raise OptionError(f"an ensemble translates the same directions with each model: {paths[0]} translates "
-                              f"{describe(data)}, {path} {describe(config.data)}")
+            raise OptionError(
+                f"an ensemble translates the same directions with each model: {paths[0]} translates "
+                f"{describe(data)}, {path} {describe(config.data)}"
+            )

@@ -62,19 +62,33 @@ class PyTorchEngine:
 
     name = "pytorch"
 
-    def __init__(self, models: Transformer | list[Transformer], tokenizer: Tokenizer, config: Config,
-                 device: torch.device | str = "cpu", quantization: Optional[str] = None, workers: int = 1,
-                 compile: bool = False) -> None:
+    def __init__(
+        self,
+        models: Transformer | list[Transformer],
+        tokenizer: Tokenizer,
+        config: Config,
+        device: torch.device | str = "cpu",
+        quantization: Optional[str] = None,
+        workers: int = 1,
+        compile: bool = False,
+    ) -> None:
         members = models if isinstance(models, list) else [models]
         self._device = torch.device(device)
         check_workers(workers)
         if workers > 1 and self._device.type != "cpu":
-            raise OptionError(f"{{workers}} decodes on the CPU only, not on {self._device}", workers=workers)
+            raise OptionError(
+                f"{{workers}} decodes on the CPU only, not on {self._device}", workers=workers
+            )
         if compile and workers > 1:  # compiled kernels keep the thread count they were compiled for
-            raise OptionError("{compile} decodes with one worker (on every thread), not {workers}", compile=True,
-                              workers=workers)
+            raise OptionError(
+                "{compile} decodes with one worker (on every thread), not {workers}",
+                compile=True,
+                workers=workers,
+            )
         if compile and len(members) > 1:
-            raise OptionError("{compile} compiles one model's decoder, not an ensemble", compile=True)
+            raise OptionError(
+                "{compile} compiles one model's decoder, not an ensemble", compile=True
+            )
         self.members = [m.to(self._device).eval() for m in members]
         self.attention_model: Optional[Transformer] = self.members[0]
         decoders = [decoder_for(m, quantization, compile) for m in self.members]
@@ -89,23 +103,35 @@ class PyTorchEngine:
     def device(self) -> str:
         return str(self._device)
 
-    def search(self, batches: list[SourceBatch], options: DecodingConfig, scores: bool) -> list[list[list[Hypothesis]]]:
+    def search(
+        self, batches: list[SourceBatch], options: DecodingConfig, scores: bool
+    ) -> list[list[list[Hypothesis]]]:
         """`Engine.search`: each batch by `decoding.search`; with workers > 1, several batches at once, longest
         first, each to the next free worker."""
 
         def decode(batch: SourceBatch) -> list[list[Hypothesis]]:
             with torch.no_grad():  # grad mode is per thread: a worker thread needs its own
                 src = make_batch(batch.src_ids).to(self._device)
-                return search(self.decoder, src.src, src.src_key_padding_mask, options, batch.prefixes, scores)
+                return search(
+                    self.decoder, src.src, src.src_key_padding_mask, options, batch.prefixes, scores
+                )
 
         if self.workers == 1 or len(batches) < 2:
             return [decode(batch) for batch in batches]
-        with _THREAD_COUNT_LOCK:  # concurrent multi-worker calls take turns (see the lock's comment)
+        with (
+            _THREAD_COUNT_LOCK
+        ):  # concurrent multi-worker calls take turns (see the lock's comment)
             threads = torch.get_num_threads()
             if self.workers > threads and not self._warned_oversubscribed:
-                logger.warning("--workers %d with %d CPU threads: each worker gets one thread, so %d threads share "
-                               "%d; --workers %d or fewer decodes without oversubscription", self.workers, threads,
-                               self.workers, threads, threads)
+                logger.warning(
+                    "--workers %d with %d CPU threads: each worker gets one thread, so %d threads share "
+                    "%d; --workers %d or fewer decodes without oversubscription",
+                    self.workers,
+                    threads,
+                    self.workers,
+                    threads,
+                    threads,
+                )
                 self._warned_oversubscribed = True
             torch.set_num_threads(max(1, threads // self.workers))
             try:  # results come back in batch order
@@ -128,7 +154,13 @@ class PyTorchEngine:
             # can be taken as equal by the compiler, which then compiles again for sizes where they differ.
             batch = SourceBatch([[5, 6, 7, 8, EOS_ID], [8, EOS_ID], [9, 10, EOS_ID]])
             for beam_size in (1, 2):
-                options = decoding_options(self.config.decoding, beam_size=beam_size, n_best=1, min_len=3,
-                                           max_len_a=0.0, max_len_b=4)
+                options = decoding_options(
+                    self.config.decoding,
+                    beam_size=beam_size,
+                    n_best=1,
+                    min_len=3,
+                    max_len_a=0.0,
+                    max_len_b=4,
+                )
                 self.search([batch], options, scores=False)
         return time.perf_counter() - start

@@ -33,8 +33,9 @@ from .cpu import CPUDecoder
 __all__ = ["CPUDecoder", "CompiledDecoder", "decoder_for"]
 
 
-def decoder_for(model: Transformer, quantization: Optional[str] = None,
-                compile: bool = False) -> Union[Transformer, CPUDecoder, CompiledDecoder]:
+def decoder_for(
+    model: Transformer, quantization: Optional[str] = None, compile: bool = False
+) -> Union[Transformer, CPUDecoder, CompiledDecoder]:
     """The fastest decoder of this package for a trained model, on the model's device.
 
     Args:
@@ -52,13 +53,20 @@ def decoder_for(model: Transformer, quantization: Optional[str] = None,
     device = next(model.parameters()).device
     if device.type != "cpu":
         if quantization:
-            raise OptionError(f"{{quantization}} decodes on the CPU only, not on {device}", quantization=quantization)
+            raise OptionError(
+                f"{{quantization}} decodes on the CPU only, not on {device}",
+                quantization=quantization,
+            )
         if compile:
-            raise OptionError(f"{{compile}} decodes on the CPU only (not tested on {device})", compile=True)
+            raise OptionError(
+                f"{{compile}} decodes on the CPU only (not tested on {device})", compile=True
+            )
         return model
     if compile and quantization:
-        raise OptionError("{compile} works on float32 models, not with {quantization}", compile=True,
-                          quantization=quantization)
+        raise OptionError(
+            "{compile} works on float32 models, not with {quantization}",
+            compile=True,
+            quantization=quantization,
+        )
     decoder = CPUDecoder(model, quantization)
     return CompiledDecoder(decoder) if compile else decoder
-

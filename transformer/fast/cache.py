@@ -31,8 +31,12 @@ class GrowingKVCache:
 
     key: Optional[Tensor] = None
     value: Optional[Tensor] = None
-    _buffer: Optional[Tensor] = field(default=None, repr=False)  # [key, value] (2, rows, n_heads, capacity, d_head)
-    _spare: Optional[Tensor] = field(default=None, repr=False)  # the same shape: where `select` writes
+    _buffer: Optional[Tensor] = field(
+        default=None, repr=False
+    )  # [key, value] (2, rows, n_heads, capacity, d_head)
+    _spare: Optional[Tensor] = field(
+        default=None, repr=False
+    )  # the same shape: where `select` writes
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Store new positions after the cached ones, as `KVCache.append`.
@@ -128,7 +132,9 @@ class CPUDecoderCache:
         for cache in self.cross_attention:
             cache.select(memory_index)
         if self.memory_key_padding_mask is not None:
-            self.memory_key_padding_mask = self.memory_key_padding_mask.index_select(0, memory_index)
+            self.memory_key_padding_mask = self.memory_key_padding_mask.index_select(
+                0, memory_index
+            )
         if self.padding_bias is not None:
             self.padding_bias = self.padding_bias.index_select(0, memory_index)
 
@@ -140,4 +146,6 @@ def padding_bias(key_padding_mask: Tensor, n_heads: int, dtype: torch.dtype) -> 
         return None
     bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
     bias.masked_fill_(key_padding_mask, float("-inf"))
-    return bias[:, None, None, :].expand(-1, n_heads, 1, -1).contiguous()  # (memory_rows, n_heads, 1, src_len)
+    return (
+        bias[:, None, None, :].expand(-1, n_heads, 1, -1).contiguous()
+    )  # (memory_rows, n_heads, 1, src_len)

@@ -86,7 +86,7 @@ class StaticDecoderCache:
             memory_index = None if memory_index is None else memory_index.repeat(2)
         old = self.self_kv
         self.self_kv = old.new_empty(old.size(0), old.size(1), index.numel(), *old.shape[3:])
-        torch.index_select(old[:self.length], 2, index, out=self.self_kv[:self.length])
+        torch.index_select(old[: self.length], 2, index, out=self.self_kv[: self.length])
         self._zero_unwritten()
         if memory_index is not None:
             self.cross_kv = self.cross_kv.index_select(1, memory_index)
@@ -101,18 +101,18 @@ class StaticDecoderCache:
         """Reallocate the self-attention buffer with room for `capacity` positions."""
         old = self.self_kv
         self.self_kv = old.new_empty(capacity, *old.shape[1:])
-        self.self_kv[:self.length] = old[:self.length]
+        self.self_kv[: self.length] = old[: self.length]
         self._zero_unwritten()
 
     def _zero_unwritten(self) -> None:
         """Zeros at the positions `prefix` reads before they are decoded (a NaN left there by the allocator would
         survive the mask: NaN + -inf is NaN)."""
-        self.self_kv[self.length:2] = 0.0
+        self.self_kv[self.length : 2] = 0.0
 
     def prefix(self) -> Tensor:
         """The decoded positions, `self_kv[:length]`, and at least two: PyTorch compiles sizes 0 and 1 apart. At
         the first two steps the positions not decoded yet hold zeros (`_zero_unwritten`), behind the mask."""
-        prefix = self.self_kv[:max(self.length, 2)]
+        prefix = self.self_kv[: max(self.length, 2)]
         _mark_dynamic(prefix, 0, 2)  # positions, rows
         return prefix
 
@@ -124,7 +124,11 @@ class _DecoderStep(nn.Module):
 
     def __init__(self, model: CPUDecoder) -> None:
         super().__init__()
-        self.embedding, self.layers, self.final_norm = model.embedding, model.layers, model.final_norm
+        self.embedding, self.layers, self.final_norm = (
+            model.embedding,
+            model.layers,
+            model.final_norm,
+        )
         self.register_buffer("table", model.positional_encoding.table, persistent=False)
         projection = model.output_projection
         # `CPUDecoder` runs the output projection through oneDNN on a reordered weight; the compiled step takes
@@ -135,12 +139,20 @@ class _DecoderStep(nn.Module):
         # Parameters (sharing the model's storage), so that `freezing` folds them into the compiled code
         self.output_weight = nn.Parameter(weight.detach(), requires_grad=False)
         bias = projection.bias
-        self.output_bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.output_bias = (
+            None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        )
         self.n_heads = model.config.n_heads
         self.norm_first = model.config.norm_first
 
-    def forward(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor,
-                cross_bias: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        tokens: Tensor,
+        position: Tensor,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        cross_bias: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         """The step with one row per memory row (greedy search).
 
         Args:
@@ -157,8 +169,15 @@ class _DecoderStep(nn.Module):
         """
         return self._step(tokens, position, self_kv, cross_kv, cross_bias, 1)
 
-    def _step(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor, cross_bias: Tensor,
-              group: int) -> tuple[Tensor, Tensor]:
+    def _step(
+        self,
+        tokens: Tensor,
+        position: Tensor,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        cross_bias: Tensor,
+        group: int,
+    ) -> tuple[Tensor, Tensor]:
         rows, memory_rows = tokens.size(0), cross_bias.size(0)
         if group != 1:  # a multiple, known only to the tensors (beam search's rows per sentence)
             group = rows // memory_rows
@@ -173,12 +192,19 @@ class _DecoderStep(nn.Module):
         new_kv = []
         for i, layer in enumerate(self.layers):
             h = layer.norm1(x) if self.norm_first else x
-            q, k, v = layer.self_qkv(h).view(rows, 3, n_heads, d_head).unbind(1)  # (rows, n_heads, d_head)
+            q, k, v = (
+                layer.self_qkv(h).view(rows, 3, n_heads, d_head).unbind(1)
+            )  # (rows, n_heads, d_head)
             new_kv += [k, v]
             keys, values = self_kv[:, 2 * i], self_kv[:, 2 * i + 1]  # (n, rows, n_heads, d_head)
             # Scores over the prefix and the new position; products written as sums over an axis, which Inductor
             # fuses into one pass over the prefix
-            scores = torch.cat([(keys * q).sum(-1) * scale + self_bias[:, None, None], (k * q).sum(-1)[None] * scale])
+            scores = torch.cat(
+                [
+                    (keys * q).sum(-1) * scale + self_bias[:, None, None],
+                    (k * q).sum(-1)[None] * scale,
+                ]
+            )
             weights = scores.softmax(0)  # (n + 1, rows, n_heads)
             h = (weights[:-1, ..., None] * values).sum(0) + weights[-1, ..., None] * v
             h = h.view(rows, d_model)
@@ -200,8 +226,14 @@ class _GroupedDecoderStep(_DecoderStep):
     """The step with g >= 2 consecutive rows per memory row (beam search's beams). A class of its own so that
     torch.compile keeps its compiled code apart from greedy's (it caches per function), each for any size."""
 
-    def forward(self, tokens: Tensor, position: Tensor, self_kv: Tensor, cross_kv: Tensor,
-                cross_bias: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        tokens: Tensor,
+        position: Tensor,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        cross_bias: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         """As `_DecoderStep.forward`, with rows a multiple (>= 2) of the memory rows."""
         return self._step(tokens, position, self_kv, cross_kv, cross_bias, 2)
 
@@ -222,21 +254,27 @@ class CompiledDecoder:
 
     def __init__(self, model: CPUDecoder) -> None:
         if not model.is_float:
-            raise OptionError("{compile} works on float32 models, not with {quantization}", compile=True,
-                              quantization=model.quantization)
+            raise OptionError(
+                "{compile} works on float32 models, not with {quantization}",
+                compile=True,
+                quantization=model.quantization,
+            )
         import torch._inductor.config  # here, not at the top: it takes seconds, which every CLI start would pay
 
         self._inductor_config = torch._inductor.config
         self.model = model
         self.config = model.config
-        self._steps = [torch.compile(step(model).eval()) for step in (_DecoderStep, _GroupedDecoderStep)]
+        self._steps = [
+            torch.compile(step(model).eval()) for step in (_DecoderStep, _GroupedDecoderStep)
+        ]
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor) -> Tensor:
         """The model's `encode`: memory `(batch, src_len, d_model)`."""
         return self.model.encode(src, src_key_padding_mask)
 
-    def new_cache(self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,
-                  beam_size: int = 1) -> StaticDecoderCache:
+    def new_cache(
+        self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None, beam_size: int = 1
+    ) -> StaticDecoderCache:
         """Project the memory into each layer's keys and values and allocate the self-attention buffer.
 
         Args:
@@ -255,15 +293,21 @@ class CompiledDecoder:
         d_head = d_model // n_heads
         if mask is None:
             mask = torch.zeros(memory_rows, src_len, dtype=torch.bool, device=memory.device)
-        bias = torch.zeros(mask.shape, dtype=memory.dtype, device=memory.device).masked_fill(mask, float("-inf"))
-        empty = mask.all(dim=1)  # a row of padding only attends to nothing in the eager decoder: zero output
+        bias = torch.zeros(mask.shape, dtype=memory.dtype, device=memory.device).masked_fill(
+            mask, float("-inf")
+        )
+        empty = mask.all(
+            dim=1
+        )  # a row of padding only attends to nothing in the eager decoder: zero output
         bias[empty] = 0.0
         cache.cross_bias = bias
         cache.cross_kv = memory.new_empty(2 * n_layers, memory_rows, n_heads, src_len, d_head)
         for i, layer in enumerate(self.model.layers):
             k, v = layer.cross_kv(memory).chunk(2, dim=-1)  # (memory_rows, src_len, d_model) each
             for j, t in enumerate((k, v)):
-                cache.cross_kv[2 * i + j] = t.view(memory_rows, src_len, n_heads, d_head).transpose(1, 2)
+                cache.cross_kv[2 * i + j] = t.view(memory_rows, src_len, n_heads, d_head).transpose(
+                    1, 2
+                )
             cache.cross_kv[2 * i + 1, empty] = 0.0
         cache._mark_cross()
         cache.self_kv = memory.new_empty(self.INITIAL_CAPACITY, 2 * n_layers, rows, n_heads, d_head)
@@ -286,7 +330,9 @@ class CompiledDecoder:
             tokens = tokens.repeat(2)
         _mark_dynamic(tokens, 0)
         inputs = (tokens, position, cache.prefix(), cache.cross_kv, cache.cross_bias)
-        with self._inductor_config.patch(freezing=True, cpp_wrapper=True):  # read when it compiles (lazily)
+        with self._inductor_config.patch(
+            freezing=True, cpp_wrapper=True
+        ):  # read when it compiles (lazily)
             logits, new_kv = self._steps[tokens.size(0) > cache.cross_bias.size(0)](*inputs)
         cache.self_kv[cache.length] = new_kv
         cache.length += 1

@@ -54,7 +54,11 @@ class CPUDecoderLayer(nn.Module):
     def __init__(self, layer: DecoderLayer) -> None:
         super().__init__()
         d_model = layer.self_attn.d_model
-        self.n_heads, self.d_head, self.norm_first = layer.self_attn.n_heads, layer.self_attn.d_head, layer.norm_first
+        self.n_heads, self.d_head, self.norm_first = (
+            layer.self_attn.n_heads,
+            layer.self_attn.d_head,
+            layer.norm_first,
+        )
         self.self_qkv, self.self_out = layer.self_attn.in_proj, layer.self_attn.out_proj
         self.cross_q = split_linear(layer.cross_attn.in_proj, slice(0, d_model))
         self.cross_kv = split_linear(layer.cross_attn.in_proj, slice(d_model, 3 * d_model))
@@ -64,25 +68,41 @@ class CPUDecoderLayer(nn.Module):
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (batch, n_heads, len, d_head)
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(
+            1, 2
+        )  # (batch, n_heads, len, d_head)
 
-    def forward(self, x: Tensor, self_cache: GrowingKVCache, cross: MemoryKV, bias: Optional[Tensor],
-                memory_key_padding_mask: Optional[Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        self_cache: GrowingKVCache,
+        cross: MemoryKV,
+        bias: Optional[Tensor],
+        memory_key_padding_mask: Optional[Tensor],
+    ) -> Tensor:
         """One new position: `(rows, 1, d_model)` -> `(rows, 1, d_model)`; rows a multiple g of the memory rows."""
         rows, memory_rows = x.size(0), cross.key.size(0)
         h = self.norm1(x) if self.norm_first else x
         q, k, v = self.self_qkv(h).chunk(3, dim=-1)  # each (rows, 1, d_model)
-        k, v = self_cache.append(self.split_heads(k), self.split_heads(v))  # (rows, n_heads, length, d_head)
-        h = self.self_out(cached_attention(self.split_heads(q), k, v, None))  # one new position sees every key
+        k, v = self_cache.append(
+            self.split_heads(k), self.split_heads(v)
+        )  # (rows, n_heads, length, d_head)
+        h = self.self_out(
+            cached_attention(self.split_heads(q), k, v, None)
+        )  # one new position sees every key
         x = residual(x, h, self.norm1, self.norm_first)
         h = self.norm2(x) if self.norm_first else x
         group = rows // memory_rows
-        h = h.reshape(memory_rows, group, h.size(-1))  # the g rows of a sentence as g query positions of its row
+        h = h.reshape(
+            memory_rows, group, h.size(-1)
+        )  # the g rows of a sentence as g query positions of its row
         q = self.split_heads(self.cross_q(h))  # (memory_rows, n_heads, group, d_head)
         if bias is not None or memory_key_padding_mask is None:
             h = cached_attention(q, cross.key, cross.value, bias)
         else:  # a row of padding only: the explicit path, which attends to nothing there
-            out, _ = scaled_dot_product_attention(q, cross.key, cross.value, ~memory_key_padding_mask[:, None, None, :])
+            out, _ = scaled_dot_product_attention(
+                q, cross.key, cross.value, ~memory_key_padding_mask[:, None, None, :]
+            )
             h = out.transpose(1, 2).reshape(memory_rows, group, h.size(-1))
         h = self.cross_out(h).reshape(rows, 1, h.size(-1))
         x = residual(x, h, self.norm2, self.norm_first)
@@ -106,14 +126,20 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) ->
     batch, n_heads, q_len, d_head = q.shape
     k_len = k.size(2)
     q, v = q.reshape(batch * n_heads, q_len, d_head), v.reshape(batch * n_heads, k_len, d_head)
-    k_t = k.reshape(batch * n_heads, k_len, d_head).transpose(1, 2)  # (batch * n_heads, d_head, k_len)
+    k_t = k.reshape(batch * n_heads, k_len, d_head).transpose(
+        1, 2
+    )  # (batch * n_heads, d_head, k_len)
     scale = 1.0 / math.sqrt(d_head)
     if bias is None:
         scores = torch.bmm(q, k_t).mul_(scale)  # (batch * n_heads, q_len, k_len)
     else:
         scores = torch.baddbmm(bias.reshape(batch * n_heads, 1, k_len), q, k_t, alpha=scale)
     out = torch.bmm(scores.softmax(dim=-1), v)  # (batch * n_heads, q_len, d_head)
-    return out.view(batch, n_heads, q_len, d_head).transpose(1, 2).reshape(batch, q_len, n_heads * d_head)
+    return (
+        out.view(batch, n_heads, q_len, d_head)
+        .transpose(1, 2)
+        .reshape(batch, q_len, n_heads * d_head)
+    )
 
 
 class CPUDecoder(nn.Module):
@@ -140,7 +166,10 @@ class CPUDecoder(nn.Module):
         trained = copy.deepcopy(model).eval()  # shared and tied modules stay shared in the copy
         self.config = model.config
         self.encoder = trained.encoder
-        self.embedding, self.positional_encoding = trained.decoder.embedding, trained.decoder.positional_encoding
+        self.embedding, self.positional_encoding = (
+            trained.decoder.embedding,
+            trained.decoder.positional_encoding,
+        )
         self.layers = nn.ModuleList(CPUDecoderLayer(layer) for layer in trained.decoder.layers)
         self.final_norm = trained.decoder.final_norm
         self.output_projection = trained.output_projection
@@ -148,7 +177,9 @@ class CPUDecoder(nn.Module):
         if quantization == "int8":
             quantize_int8_(self)
         else:
-            if PackedLinear.is_available():  # a copy: a tied embedding keeps its own row-major weight
+            if (
+                PackedLinear.is_available()
+            ):  # a copy: a tied embedding keeps its own row-major weight
                 self.output_projection = PackedLinear(self.output_projection)
             column_major_(self)
         self.eval()
@@ -162,8 +193,9 @@ class CPUDecoder(nn.Module):
         """The encoder (`Transformer.encode`): memory `(batch, src_len, d_model)`."""
         return self.encoder(src, src_key_padding_mask)
 
-    def new_cache(self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None,
-                  beam_size: int = 1) -> CPUDecoderCache:
+    def new_cache(
+        self, memory: Tensor, memory_key_padding_mask: Optional[Tensor] = None, beam_size: int = 1
+    ) -> CPUDecoderCache:
         """Project the memory into every layer's keys and values, once per sentence.
 
         Args:
@@ -173,11 +205,15 @@ class CPUDecoder(nn.Module):
         cross = []
         for layer in self.layers:
             k, v = layer.cross_kv(memory).chunk(2, dim=-1)  # (batch, src_len, d_model) each
-            cross.append(MemoryKV(layer.split_heads(k).contiguous(), layer.split_heads(v).contiguous()))
+            cross.append(
+                MemoryKV(layer.split_heads(k).contiguous(), layer.split_heads(v).contiguous())
+            )
         bias = None
         if memory_key_padding_mask is not None:
             bias = padding_bias(memory_key_padding_mask, self.config.n_heads, memory.dtype)
-        return CPUDecoderCache([GrowingKVCache() for _ in self.layers], cross, memory_key_padding_mask, bias)
+        return CPUDecoderCache(
+            [GrowingKVCache() for _ in self.layers], cross, memory_key_padding_mask, bias
+        )
 
     def decode_step(self, tokens: Tensor, cache: CPUDecoderCache) -> Tensor:
         """As `Transformer.decode_step`: tokens `(rows,)` -> logits `(rows, tgt_vocab_size)`.
@@ -185,10 +221,17 @@ class CPUDecoder(nn.Module):
         Raises:
             ValueError: the decoded length would exceed max_positions.
         """
-        x = self.embedding(tokens[:, None]) + self.positional_encoding(1, cache.length)  # (rows, 1, d_model)
+        x = self.embedding(tokens[:, None]) + self.positional_encoding(
+            1, cache.length
+        )  # (rows, 1, d_model)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache.self_attention[i], cache.cross_attention[i], cache.padding_bias,
-                      cache.memory_key_padding_mask)
+            x = layer(
+                x,
+                cache.self_attention[i],
+                cache.cross_attention[i],
+                cache.padding_bias,
+                cache.memory_key_padding_mask,
+            )
         cache.length += 1
         if self.final_norm is not None:
             x = self.final_norm(x)

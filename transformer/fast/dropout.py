@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..model.attention import MultiHeadAttention
 
-_INT64_MIN = -(2 ** 63)
+_INT64_MIN = -(2**63)
 
 
 def _check_probability(p: float) -> None:
@@ -33,7 +33,9 @@ def _check_probability(p: float) -> None:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None) -> Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None
+) -> Tensor:
     """A random bool mask that is True (keep) with probability 1 - p, from 16 random bits per element.
 
     Args:

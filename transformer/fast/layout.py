@@ -45,8 +45,11 @@ class PackedLinear(nn.Module):
     @staticmethod
     def is_available() -> bool:
         """True when this PyTorch build has oneDNN and its (internal, torch.compile-facing) linear ops."""
-        return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+        return (
+            torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
@@ -71,8 +74,10 @@ def quantize_int8_(module: nn.Module) -> nn.Module:
         OptionError: this PyTorch build has no quantized CPU engine (fbgemm, onednn) or no `torch.ao.quantization`.
     """
     if torch.backends.quantized.engine == "none":
-        raise OptionError("{quantization}: this PyTorch build has no quantized CPU engine (fbgemm, onednn)",
-                          quantization="int8")
+        raise OptionError(
+            "{quantization}: this PyTorch build has no quantized CPU engine (fbgemm, onednn)",
+            quantization="int8",
+        )
     with warnings.catch_warnings():
         # torch.ao's eager-mode quantization warns that it is deprecated in favour of the separate torchao
         # package, and that quantized tensor constructors will go; it is still PyTorch's own, tested path.
@@ -81,9 +86,14 @@ def quantize_int8_(module: nn.Module) -> nn.Module:
         try:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
         except ImportError as err:
-            raise OptionError(f"{{quantization}} needs torch.ao.quantization, which PyTorch {torch.__version__} "
-                              "lacks", quantization="int8") from err
-        return quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+            raise OptionError(
+                f"{{quantization}} needs torch.ao.quantization, which PyTorch {torch.__version__} "
+                "lacks",
+                quantization="int8",
+            ) from err
+        return quantize_dynamic(
+            module, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+        )
 
 
 def has_float_linear(module: nn.Module) -> bool:

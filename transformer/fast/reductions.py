@@ -15,7 +15,9 @@ def reduction_chunk(vocab: int, min_chunks: int = 1) -> Optional[int]:
     """The chunk size of the two-stage row reductions (`row_argmax`, `row_topk`): the largest multiple of 16
     between 32 and 160 that cuts a row of vocab values into at least min_chunks whole chunks (multiples of 16
     vectorize well; an odd size such as 125 does not), or None if there is none."""
-    return next((c for c in range(160, 31, -16) if vocab % c == 0 and vocab // c >= min_chunks), None)
+    return next(
+        (c for c in range(160, 31, -16) if vocab % c == 0 and vocab // c >= min_chunks), None
+    )
 
 
 def row_argmax(x: Tensor) -> Tensor:
@@ -68,6 +70,10 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     n_chunks = vocab // chunk
     top_chunks = x.reshape(rows, n_chunks, chunk).amax(dim=-1).topk(k, dim=-1).indices  # (rows, k)
     first_chunk = torch.arange(0, rows * n_chunks, n_chunks, device=x.device)[:, None]  # (rows, 1)
-    candidates = x.reshape(rows * n_chunks, chunk).index_select(0, (top_chunks + first_chunk).view(-1))
-    values, within = candidates.view(rows, k * chunk).topk(k, dim=-1)  # (rows, k): position among the candidates
+    candidates = x.reshape(rows * n_chunks, chunk).index_select(
+        0, (top_chunks + first_chunk).view(-1)
+    )
+    values, within = candidates.view(rows, k * chunk).topk(
+        k, dim=-1
+    )  # (rows, k): position among the candidates
     return values, top_chunks.gather(1, within // chunk) * chunk + within % chunk

@@ -15,11 +15,25 @@ from typing import TYPE_CHECKING
 
 from ..lazy_imports import lazy_exports
 
-__all__ = ["RequestBatcher", "RequestError", "ServeLimits", "ServeSettings", "TranslationService", "create_app",
-           "run_server"]
+__all__ = [
+    "RequestBatcher",
+    "RequestError",
+    "ServeLimits",
+    "ServeSettings",
+    "TranslationService",
+    "create_app",
+    "run_server",
+]
 
-_HOMES = {"RequestBatcher": ".batching", "RequestError": ".service", "ServeLimits": ".service",
-          "ServeSettings": ".service", "TranslationService": ".service", "create_app": ".app", "run_server": ".server"}
+_HOMES = {
+    "RequestBatcher": ".batching",
+    "RequestError": ".service",
+    "ServeLimits": ".service",
+    "ServeSettings": ".service",
+    "TranslationService": ".service",
+    "create_app": ".app",
+    "run_server": ".server",
+}
 
 if TYPE_CHECKING:
     from .app import create_app

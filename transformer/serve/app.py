@@ -37,13 +37,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import DecodingConfig
 from ..translate import Translator
-from .service import ATTENTION_OPTIONS, TRANSLATE_OPTIONS, RequestError, ServeLimits, TranslationService
+from .service import (
+    ATTENTION_OPTIONS,
+    TRANSLATE_OPTIONS,
+    RequestError,
+    ServeLimits,
+    TranslationService,
+)
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
-              "/static/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
-              "/static/style.css": ("style.css", "text/css; charset=utf-8")}
+PAGE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
 
 
 class _TranslateText(BaseModel):
@@ -52,9 +60,14 @@ class _TranslateText(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: list[str] = Field(description="a list of sentences (or one sentence as a string)")
-    prefix: Optional[list[str]] = Field(None, description="per sentence, a target prefix the translation starts "
-                                        "with (\"\": none); one string for one sentence")
-    alignment: Optional[bool] = Field(None, description="also return each translation's word alignment")
+    prefix: Optional[list[str]] = Field(
+        None,
+        description="per sentence, a target prefix the translation starts "
+        'with ("": none); one string for one sentence',
+    )
+    alignment: Optional[bool] = Field(
+        None, description="also return each translation's word alignment"
+    )
 
     @field_validator("text", "prefix", mode="before")
     @classmethod
@@ -69,21 +82,33 @@ class _AttentionText(BaseModel):
     text: str = Field(description="one sentence")
 
 
-def _with_options(name: str, doc: str, base: type[BaseModel], options: list[dataclasses.Field]) -> type[BaseModel]:
+def _with_options(
+    name: str, doc: str, base: type[BaseModel], options: list[dataclasses.Field]
+) -> type[BaseModel]:
     """The model `name`: `base` and a field per decoding option (a `DecodingConfig` field), of the option's type or
     null (unset: the checkpoint's default), described by the option's help."""
     types = typing.get_type_hints(DecodingConfig)
-    fields: dict[str, Any] = {f.name: (Optional[types[f.name]], Field(None, description=f.metadata["help"]))
-                              for f in options}
+    fields: dict[str, Any] = {
+        f.name: (Optional[types[f.name]], Field(None, description=f.metadata["help"]))
+        for f in options
+    }
     return create_model(name, __base__=base, __module__=__name__, __doc__=doc, **fields)
 
 
-TranslateRequest = _with_options("TranslateRequest", "Sentences to translate, and decoding options of `transformer "
-                                 "translate` (but the batch sizes); unset ones take the checkpoint's decoding section.",
-                                 _TranslateText, TRANSLATE_OPTIONS)
-AttentionRequest = _with_options("AttentionRequest", "One sentence whose best translation's attention to return, "
-                                 "and decoding options (those of /translate but n_best).", _AttentionText,
-                                 ATTENTION_OPTIONS)
+TranslateRequest = _with_options(
+    "TranslateRequest",
+    "Sentences to translate, and decoding options of `transformer "
+    "translate` (but the batch sizes); unset ones take the checkpoint's decoding section.",
+    _TranslateText,
+    TRANSLATE_OPTIONS,
+)
+AttentionRequest = _with_options(
+    "AttentionRequest",
+    "One sentence whose best translation's attention to return, "
+    "and decoding options (those of /translate but n_best).",
+    _AttentionText,
+    ATTENTION_OPTIONS,
+)
 
 
 class Hypothesis(BaseModel):
@@ -93,26 +118,41 @@ class Hypothesis(BaseModel):
 
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="one per input sentence, in input order")
-    truncated: list[bool] = Field(description="one per input sentence: true when the sentence was longer than the "
-                                  "model reads (its max_positions tokens) and only its start was translated")
-    n_best: Optional[list[list[Hypothesis]]] = Field(None, description="when n_best was asked for: per sentence, "
-                                                     "distinct texts first, best first")
-    alignments: Optional[list[list[list[int]]]] = Field(None, description="when alignment was asked for: per "
-                                                        "sentence, [source word, target word] pairs")
+    truncated: list[bool] = Field(
+        description="one per input sentence: true when the sentence was longer than the "
+        "model reads (its max_positions tokens) and only its start was translated"
+    )
+    n_best: Optional[list[list[Hypothesis]]] = Field(
+        None,
+        description="when n_best was asked for: per sentence, distinct texts first, best first",
+    )
+    alignments: Optional[list[list[list[int]]]] = Field(
+        None,
+        description="when alignment was asked for: per sentence, [source word, target word] pairs",
+    )
     beam_size: int
     elapsed_ms: float
 
 
-def create_app(translator: Translator, checkpoints: Sequence[str] = (), limits: Optional[ServeLimits] = None,
-               max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> FastAPI:
+def create_app(
+    translator: Translator,
+    checkpoints: Sequence[str] = (),
+    limits: Optional[ServeLimits] = None,
+    max_batch_sentences: Optional[int] = None,
+    max_wait_ms: float = 5.0,
+) -> FastAPI:
     """The application around one loaded translator: each route adapts a `TranslationService` (`app.state.service`).
 
     Args:
         translator, checkpoints, limits, max_batch_sentences, max_wait_ms: as `TranslationService`'s.
     """
     service = TranslationService(translator, checkpoints, limits, max_batch_sentences, max_wait_ms)
-    app = FastAPI(title="transformer-nmt", version="0.1.0", lifespan=_running,
-                  description="Translate with a Transformer trained by transformer-nmt, and see its attention.")
+    app = FastAPI(
+        title="transformer-nmt",
+        version="0.1.0",
+        lifespan=_running,
+        description="Translate with a Transformer trained by transformer-nmt, and see its attention.",
+    )
     app.state.service = service
     _add_error_handlers(app)
     app.add_middleware(_BodyLimits, limits=service.limits)
@@ -120,7 +160,9 @@ def create_app(translator: Translator, checkpoints: Sequence[str] = (), limits: 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
     async def translate(body: TranslateRequest, request: Request) -> dict:
         """Translate sentences (batched with concurrent requests); the n best with scores if n_best is given."""
-        work = service.translate(body.text, _options(body, TRANSLATE_OPTIONS), body.prefix, bool(body.alignment))
+        work = service.translate(
+            body.text, _options(body, TRANSLATE_OPTIONS), body.prefix, bool(body.alignment)
+        )
         return await _unless_disconnected(request, work)
 
     @app.post("/attention")
@@ -153,8 +195,13 @@ def _options(body: BaseModel, options: list[dataclasses.Field]) -> dict[str, Any
 def _add_page(app: FastAPI) -> None:
     """The attention explorer's files, read now and served from memory."""
     for route, (name, media) in PAGE_FILES.items():
-        app.add_api_route(route, _static_page((STATIC / name).read_bytes(), media), methods=["GET"],
-                          include_in_schema=False, response_class=HTMLResponse if route == "/" else Response)
+        app.add_api_route(
+            route,
+            _static_page((STATIC / name).read_bytes(), media),
+            methods=["GET"],
+            include_in_schema=False,
+            response_class=HTMLResponse if route == "/" else Response,
+        )
 
 
 class ClientGone(Exception):
@@ -169,7 +216,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server gave up on the request (shutdown): so does the batcher
+    except (
+        asyncio.CancelledError
+    ):  # the server gave up on the request (shutdown): so does the batcher
         task.cancel()
         raise
     finally:
@@ -189,8 +238,11 @@ async def _disconnect(request: Request) -> None:
 def error_body(problems: list[tuple[Optional[str], str]]) -> dict[str, Any]:
     """The JSON form of every refusal, from (field, message) pairs: the first problem's message and field, and all
     of them."""
-    return {"error": problems[0][1], "field": problems[0][0],
-            "errors": [{"field": f, "message": m} for f, m in problems]}
+    return {
+        "error": problems[0][1],
+        "field": problems[0][0],
+        "errors": [{"field": f, "message": m} for f, m in problems],
+    }
 
 
 def _error(status: int, problems: list[tuple[Optional[str], str]]) -> JSONResponse:
@@ -213,10 +265,20 @@ class _BodyLimits:
         limits = self.limits
         length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1") or None
         if scope["method"] == "POST" and length is None:
-            return await _error(411, [("body", "a Content-Length header is required")])(scope, receive, send)
+            return await _error(411, [("body", "a Content-Length header is required")])(
+                scope, receive, send
+            )
         if length is not None and (not length.isdigit() or int(length) > limits.max_request_bytes):
-            return await _error(413, [("body", f"request body of {length} bytes; at most {limits.max_request_bytes} "
-                                       "(serve --max-request-bytes)")])(scope, receive, send)
+            return await _error(
+                413,
+                [
+                    (
+                        "body",
+                        f"request body of {length} bytes; at most {limits.max_request_bytes} "
+                        "(serve --max-request-bytes)",
+                    )
+                ],
+            )(scope, receive, send)
         if not limits.request_timeout_s:
             return await self.app(scope, receive, send)
         loop = asyncio.get_running_loop()
@@ -229,8 +291,11 @@ class _BodyLimits:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                raise HTTPException(408, f"the body did not arrive within {limits.request_timeout_s:g} s (serve "
-                                         "--request-timeout)") from None
+                raise HTTPException(
+                    408,
+                    f"the body did not arrive within {limits.request_timeout_s:g} s (serve "
+                    "--request-timeout)",
+                ) from None
             body_read = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
@@ -240,6 +305,7 @@ class _BodyLimits:
 def _static_page(content: bytes, media_type: str):
     async def serve_file() -> Response:
         return Response(content, media_type=media_type)
+
     return serve_file
 
 
@@ -259,14 +325,18 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ClientGone)
     async def gone(_: Request, err: ClientGone) -> Response:
-        return Response(status_code=499)  # nobody reads it: the access log's record that the client left
+        return Response(
+            status_code=499
+        )  # nobody reads it: the access log's record that the client left
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
         """The framework's own refusals, in the same form: a body it cannot parse or that did not arrive in time
         (408), an unknown path or method."""
         if err.status_code == 400:  # the body is not UTF-8, or nested too deep to parse
-            return _error(400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")])
+            return _error(
+                400, [("body", "the body cannot be parsed: send a JSON object encoded as UTF-8")]
+            )
         field = {404: "path", 405: "method"}.get(err.status_code, "body")
         return _error(err.status_code, [(field, str(err.detail))])
 
@@ -274,21 +344,31 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, err: Exception) -> JSONResponse:
         """A fault of the server, never of the request: logged with its traceback, answered as JSON."""
         log.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, [(None, f"internal error ({type(err).__name__}); the server log has the details")])
+        return _error(
+            500, [(None, f"internal error ({type(err).__name__}); the server log has the details")]
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = []
         for e in err.errors():
             if e["type"] == "json_invalid":
-                return _error(400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")])
+                return _error(
+                    400, [("body", f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}")]
+                )
             field = _field(tuple(e["loc"]))
             message = "unknown option" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] == "extra_forbidden":
-                model = AttentionRequest if request.url.path.rstrip("/").endswith("attention") else TranslateRequest
+                model = (
+                    AttentionRequest
+                    if request.url.path.rstrip("/").endswith("attention")
+                    else TranslateRequest
+                )
                 close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), n=1)
                 message += f"; did you mean {close[0]}?" if close else ""
-            if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
+            if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get(
+                "content-type", ""
+            ):
                 message += " (send the JSON object with the header Content-Type: application/json)"
             elif field == "text" and e["type"] == "list_type":
                 message = "expected a sentence (a string) or a list of sentences"

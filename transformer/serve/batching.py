@@ -181,7 +181,9 @@ class RequestBatcher:
                 await self._decode(group)
 
     async def _decode(self, group: list[_Request]) -> None:
-        waiting = [request for request in group if not request.future.done()]  # done: the client went away
+        waiting = [
+            request for request in group if not request.future.done()
+        ]  # done: the client went away
         self.stats.abandoned_requests += len(group) - len(waiting)
         group = waiting
         if not group:
@@ -190,7 +192,9 @@ class RequestBatcher:
         all_gone = _all_done(request.future for request in group)
         try:
             results = await self.run_on_worker(self.translate_n_best, joined, all_gone.is_set)
-        except DecodingStopped:  # every client of the call went away: their futures are cancelled already
+        except (
+            DecodingStopped
+        ):  # every client of the call went away: their futures are cancelled already
             self.stats.cancelled_requests += len(group)
             return
         except Exception as err:  # noqa: BLE001 - handed to the requests that asked, the loop keeps serving
@@ -202,8 +206,10 @@ class RequestBatcher:
         start = 0
         for request in group:
             n = len(request.request)
-            if not request.future.done():  # a client that went away during the decode leaves a cancelled future
-                request.future.set_result(results[start:start + n])
+            if (
+                not request.future.done()
+            ):  # a client that went away during the decode leaves a cancelled future
+                request.future.set_result(results[start : start + n])
             start += n
 
 

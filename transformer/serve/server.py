@@ -40,20 +40,44 @@ def run_server(settings: ServeSettings) -> None:
     try:
         if settings.threads > 0:
             torch.set_num_threads(settings.threads)
-        translator = Translator.from_checkpoint(list(settings.checkpoints), device=settings.device,
-                                                quantization=settings.quantization, compile=settings.compile)
+        translator = Translator.from_checkpoint(
+            list(settings.checkpoints),
+            device=settings.device,
+            quantization=settings.quantization,
+            compile=settings.compile,
+        )
         if settings.compile:
-            print("compiling the decoding step for greedy and beam search (about 20-60 s each) ...", file=sys.stderr,
-                  flush=True)
+            print(
+                "compiling the decoding step for greedy and beam search (about 20-60 s each) ...",
+                file=sys.stderr,
+                flush=True,
+            )
             print(f"compiled in {translator.warm_up():.1f} s", file=sys.stderr, flush=True)
-        app = create_app(translator, checkpoints=settings.checkpoints, limits=settings.limits,
-                         max_batch_sentences=settings.max_batch_sentences or None, max_wait_ms=settings.max_wait_ms)
-        print(f"serving {' '.join(settings.checkpoints)} on http://{settings.host}:{settings.port} (page at /, API: "
-              "POST /translate, POST /attention, GET /health)", file=sys.stderr, flush=True)
-        protocol = type("H11Serve", (_Protocol,), {"header_timeout_s": settings.limits.request_timeout_s})
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                                access_log=settings.access_log, http=protocol,
-                                timeout_graceful_shutdown=settings.shutdown_timeout_s)
+        app = create_app(
+            translator,
+            checkpoints=settings.checkpoints,
+            limits=settings.limits,
+            max_batch_sentences=settings.max_batch_sentences or None,
+            max_wait_ms=settings.max_wait_ms,
+        )
+        print(
+            f"serving {' '.join(settings.checkpoints)} on http://{settings.host}:{settings.port} (page at /, API: "
+            "POST /translate, POST /attention, GET /health)",
+            file=sys.stderr,
+            flush=True,
+        )
+        protocol = type(
+            "H11Serve", (_Protocol,), {"header_timeout_s": settings.limits.request_timeout_s}
+        )
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            access_log=settings.access_log,
+            http=protocol,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        )
         # uvicorn re-raises the signal that stopped it once it has shut down: a SIGTERM handled by a handler that
         # does nothing lets the command end normally (exit status 0), as a service manager expects
         previous = signal.signal(signal.SIGTERM, lambda *_: None)
@@ -78,8 +102,12 @@ class _Protocol(H11Protocol):
     """
 
     header_timeout_s: float = 30.0
-    _deadline: Optional[asyncio.TimerHandle] = None  # the pending close, while a request's headers are awaited
-    _waiting_after: Any = None  # the request cycle current when it was armed (a new request makes a new one)
+    _deadline: Optional[asyncio.TimerHandle] = (
+        None  # the pending close, while a request's headers are awaited
+    )
+    _waiting_after: Any = (
+        None  # the request cycle current when it was armed (a new request makes a new one)
+    )
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -96,7 +124,12 @@ class _Protocol(H11Protocol):
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown of this connection (called once, when the server starts shutting down)."""
         cycle = self.cycle
-        if cycle is not None and cycle.more_body and not cycle.response_started and not self.transport.is_closing():
+        if (
+            cycle is not None
+            and cycle.more_body
+            and not cycle.response_started
+            and not self.transport.is_closing()
+        ):
             self.transport.close()  # its body has not all arrived: not in flight (the app reads a disconnect)
             return
         super().shutdown()  # idle: closed; a request in flight: answered, then closed
@@ -108,11 +141,19 @@ class _Protocol(H11Protocol):
         err = sys.exc_info()[1]
         detail = str(err) if isinstance(err, h11.RemoteProtocolError) and str(err) else msg
         status = err.error_status_hint if isinstance(err, h11.RemoteProtocolError) else 400
-        body = json.dumps(error_body([("headers", f"not a valid HTTP/1.1 request: {detail}")])).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        for event in (h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status]),
-                      h11.Data(data=body), h11.EndOfMessage()):
+        body = json.dumps(
+            error_body([("headers", f"not a valid HTTP/1.1 request: {detail}")])
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status]),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
@@ -137,16 +178,23 @@ class _Protocol(H11Protocol):
 def _listen(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port), for uvicorn to serve on; ConfigError, saying why, if that fails."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         listening = socket.socket(family, kind, proto)
     except OSError as err:
-        raise ConfigError(f"--host {host}: not an address to listen on ({err.strerror or err})") from None
+        raise ConfigError(
+            f"--host {host}: not an address to listen on ({err.strerror or err})"
+        ) from None
     try:
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart without waiting
+        listening.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as uvicorn does: restart without waiting
         listening.bind(address)
     except OSError as err:
         listening.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err} (another server on that port? "
-                          "choose another --port)") from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {err.strerror or err} (another server on that port? "
+            "choose another --port)"
+        ) from None
     return listening

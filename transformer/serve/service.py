@@ -117,12 +117,21 @@ class TranslationService:
     `DecodingConfig` to its value (None: the checkpoint's default), of the field's type (`app.py` checks the types).
     """
 
-    def __init__(self, translator: Translator, checkpoints: Sequence[str] = (), limits: Optional[ServeLimits] = None,
-                 max_batch_sentences: Optional[int] = None, max_wait_ms: float = 5.0) -> None:
+    def __init__(
+        self,
+        translator: Translator,
+        checkpoints: Sequence[str] = (),
+        limits: Optional[ServeLimits] = None,
+        max_batch_sentences: Optional[int] = None,
+        max_wait_ms: float = 5.0,
+    ) -> None:
         self.translator, self.checkpoints = translator, list(checkpoints)
         self.limits = limits or ServeLimits()
-        self.batcher = RequestBatcher(self._translate_n_best, max_wait_ms=max_wait_ms,
-                                      max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size)
+        self.batcher = RequestBatcher(
+            self._translate_n_best,
+            max_wait_ms=max_wait_ms,
+            max_batch_sentences=max_batch_sentences or translator.config.decoding.batch_size,
+        )
         self._started = time.time()
 
     def start(self) -> None:
@@ -133,8 +142,13 @@ class TranslationService:
         """Stop the batcher; requests still waiting get a `RuntimeError`."""
         await self.batcher.stop()
 
-    async def translate(self, text: list[str], options: Mapping[str, Any],
-                        prefix: Optional[list[Optional[str]]] = None, alignment: bool = False) -> dict[str, Any]:
+    async def translate(
+        self,
+        text: list[str],
+        options: Mapping[str, Any],
+        prefix: Optional[list[Optional[str]]] = None,
+        alignment: bool = False,
+    ) -> dict[str, Any]:
         """Translate sentences, batched with concurrent requests.
 
         Args:
@@ -156,26 +170,43 @@ class TranslationService:
         sentences = self._sentences(text)
         options = self._options(options, TRANSLATE_OPTIONS)
         if prefix is not None and len(prefix) != len(sentences):
-            raise RequestError(422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}")
+            raise RequestError(
+                422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}"
+            )
         for i, one in enumerate(prefix or []):
             _check_encodable(one or "", f"prefix[{i}]")
-        request = self._request(sentences, options, prefix)  # before batching: a refusal fails this request only
+        request = self._request(
+            sentences, options, prefix
+        )  # before batching: a refusal fails this request only
         engine = self.translator.engine
         if alignment and engine.attention_model is None:
-            raise RequestError(501, "alignment", f"alignments need our own model (a .pt checkpoint or a MarianMT "
-                               f"folder); this server runs a {engine.name} model, which has no attention to read")
+            raise RequestError(
+                501,
+                "alignment",
+                f"alignments need our own model (a .pt checkpoint or a MarianMT "
+                f"folder); this server runs a {engine.name} model, which has no attention to read",
+            )
         results = await self.batcher.translate(request)
         truncated = [result.truncated for result in results]
         if any(truncated):
-            self._log_truncated("/translate", [i for i, cut in enumerate(truncated) if cut], len(sentences))
-        response: dict[str, Any] = {"translations": [result.n_best[0][0] for result in results],
-                                    "truncated": truncated, "beam_size": options.decoding.beam_size}
+            self._log_truncated(
+                "/translate", [i for i, cut in enumerate(truncated) if cut], len(sentences)
+            )
+        response: dict[str, Any] = {
+            "translations": [result.n_best[0][0] for result in results],
+            "truncated": truncated,
+            "beam_size": options.decoding.beam_size,
+        }
         if alignment:
-            pairs = await self.batcher.run_on_worker(self.translator.align, request, response["translations"])
+            pairs = await self.batcher.run_on_worker(
+                self.translator.align, request, response["translations"]
+            )
             response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
         if given_n_best is not None:
-            response["n_best"] = [[{"text": text, "score": score} for text, score in result.n_best]
-                                  for result in results]
+            response["n_best"] = [
+                [{"text": text, "score": score} for text, score in result.n_best]
+                for result in results
+            ]
         response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
         return response
 
@@ -194,11 +225,17 @@ class TranslationService:
         """
         engine = self.translator.engine
         if engine.attention_model is None:
-            raise RequestError(501, None, f"attention needs our own model (a .pt checkpoint or a MarianMT folder); "
-                               f"this server runs a {engine.name} model, which has no attention to read")
+            raise RequestError(
+                501,
+                None,
+                f"attention needs our own model (a .pt checkpoint or a MarianMT folder); "
+                f"this server runs a {engine.name} model, which has no attention to read",
+            )
         sentence = self._sentences([text], one=True)[0]
         given = {name: value for name, value in options.items() if value is not None}
-        options = self._options({**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1)  # greedy by default
+        options = self._options(
+            {**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1
+        )  # greedy by default
         request = self._request([sentence], options, None, one=True)
         try:
             data = await self.batcher.run_on_worker(request_attention, self.translator, request)
@@ -212,28 +249,56 @@ class TranslationService:
         """Model, vocabulary (src_lang and tgt_lang: None where the model's directions differ in it), languages
         (those a request's tgt_lang may name; a multilingual model's directions), device, uptime (seconds), limits,
         decoding defaults and batching counts."""
-        engine, config, tokenizer = self.translator.engine, self.translator.config, self.translator.tokenizer
-        sizes = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions", "norm_first")
+        engine, config, tokenizer = (
+            self.translator.engine,
+            self.translator.config,
+            self.translator.tokenizer,
+        )
+        sizes = (
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "max_positions",
+            "norm_first",
+        )
         pairs = language_pairs(config.data)
         return {
             "status": "ok",
-            "model": {"checkpoint": " ".join(Path(c).name for c in self.checkpoints), "engine": engine.name,
-                      **{k: getattr(config.model, k) for k in sizes}, "parameters": engine.parameters,
-                      "quantization": engine.quantization, "compile": engine.compile},
-            "vocabulary": {"src_lang": _one(src for src, _ in pairs), "tgt_lang": _one(tgt for _, tgt in pairs),
-                           "src_size": tokenizer.src_vocab_size, "tgt_size": tokenizer.tgt_vocab_size,
-                           "joint": tokenizer.is_joint},
-            "languages": {"tgt_langs": self.translator.languages,
-                          "directions": [corpus.name for corpus in config.data.corpora if corpus.name]},
+            "model": {
+                "checkpoint": " ".join(Path(c).name for c in self.checkpoints),
+                "engine": engine.name,
+                **{k: getattr(config.model, k) for k in sizes},
+                "parameters": engine.parameters,
+                "quantization": engine.quantization,
+                "compile": engine.compile,
+            },
+            "vocabulary": {
+                "src_lang": _one(src for src, _ in pairs),
+                "tgt_lang": _one(tgt for _, tgt in pairs),
+                "src_size": tokenizer.src_vocab_size,
+                "tgt_size": tokenizer.tgt_vocab_size,
+                "joint": tokenizer.is_joint,
+            },
+            "languages": {
+                "tgt_langs": self.translator.languages,
+                "directions": [corpus.name for corpus in config.data.corpora if corpus.name],
+            },
             "device": engine.device,
             "uptime_s": round(time.time() - self._started, 1),
             "limits": asdict(self.limits),
             "decoding": asdict(config.decoding),
-            "batching": {"max_batch_sentences": self.batcher.max_batch_sentences,
-                         "max_wait_ms": self.batcher.max_wait_ms, **self.batcher.stats.to_dict()},
+            "batching": {
+                "max_batch_sentences": self.batcher.max_batch_sentences,
+                "max_wait_ms": self.batcher.max_wait_ms,
+                **self.batcher.stats.to_dict(),
+            },
         }
 
-    def _translate_n_best(self, request: TranslationRequest, should_stop: Callable[[], bool]) -> list[Translated]:
+    def _translate_n_best(
+        self, request: TranslationRequest, should_stop: Callable[[], bool]
+    ) -> list[Translated]:
         """One decoding call of the batcher (on its worker thread, `batching.Decode`): each sentence marked truncated
         or not from this call's `Translation` (the service logs them per request, `translate`).
 
@@ -248,32 +313,61 @@ class TranslationService:
         """Log the sentences of one request whose start only was translated."""
         where = ", ".join(f"text[{i}]" for i in indices) if route == "/translate" else "text"
         limit = self.translator.engine.max_source_len
-        log.warning("%s: %d of %d sentences longer than the model's max_source_len=%d tokens, only their first %d "
-                    "translated (%s)", route, len(indices), n_sentences, limit, limit - 1, where)
+        log.warning(
+            "%s: %d of %d sentences longer than the model's max_source_len=%d tokens, only their first %d "
+            "translated (%s)",
+            route,
+            len(indices),
+            n_sentences,
+            limit,
+            limit - 1,
+            where,
+        )
 
-    def _options(self, given: Mapping[str, Any], allowed: list[dataclasses.Field],
-                 n_best: Optional[int] = None) -> ResolvedOptions:
+    def _options(
+        self,
+        given: Mapping[str, Any],
+        allowed: list[dataclasses.Field],
+        n_best: Optional[int] = None,
+    ) -> ResolvedOptions:
         """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits,
         the target language resolved (the request's only resolution); `n_best`, if given, is the service's own choice
         (the request may not set it)."""
         unknown = [name for name in given if name not in {f.name for f in allowed}]
         if unknown:
             raise RequestError(422, unknown[0], "unknown option")
-        beam_size, samples, limit = given.get("beam_size"), given.get("n_best"), self.limits.max_beam_size
+        beam_size, samples, limit = (
+            given.get("beam_size"),
+            given.get("n_best"),
+            self.limits.max_beam_size,
+        )
         if beam_size is not None and not 1 <= beam_size <= limit:
-            raise RequestError(422, "beam_size", f"must be between 1 and {limit} (serve --max-beam-size), got "
-                               f"{beam_size}")
+            raise RequestError(
+                422,
+                "beam_size",
+                f"must be between 1 and {limit} (serve --max-beam-size), got {beam_size}",
+            )
         if given.get("sampling") and samples is not None and not 1 <= samples <= limit:
-            raise RequestError(422, "n_best", f"samples must be between 1 and {limit} (serve --max-beam-size), got "
-                               f"{samples}")
+            raise RequestError(
+                422,
+                "n_best",
+                f"samples must be between 1 and {limit} (serve --max-beam-size), got {samples}",
+            )
         values = dict(given) if n_best is None else {**given, "n_best": n_best}
         try:
             return self.translator.resolve_options(**values)
         except ConfigError as err:
-            raise RequestError(422, err.key and err.key.removeprefix("decoding."), err.detail) from None
+            raise RequestError(
+                422, err.key and err.key.removeprefix("decoding."), err.detail
+            ) from None
 
-    def _request(self, sentences: list[str], options: ResolvedOptions, prefix: Optional[list[Optional[str]]],
-                 one: bool = False) -> TranslationRequest:
+    def _request(
+        self,
+        sentences: list[str],
+        options: ResolvedOptions,
+        prefix: Optional[list[Optional[str]]],
+        one: bool = False,
+    ) -> TranslationRequest:
         """The resolved request (`Translator.request`) that goes into the batch; a prefix too long for the model or a
         sentence starting with another language's token (`>>deu<<`) than tgt_lang is refused here, before batching,
         so that it cannot fail the requests decoded with it."""
@@ -282,25 +376,42 @@ class TranslationService:
         except OptionError as err:
             raise RequestError(422, "prefix", str(err)) from None
         except WrittenLanguageError as err:  # tgt_lang itself was checked with the other options
-            raise RequestError(422, "text" if one or len(sentences) == 1 else f"text[{err.sentence}]",
-                               err.detail) from None
+            raise RequestError(
+                422, "text" if one or len(sentences) == 1 else f"text[{err.sentence}]", err.detail
+            ) from None
 
     def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
         """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
         limits = self.limits
         if not sentences:
-            raise RequestError(422, "text", "no sentences: give a string or a non-empty list of strings")
+            raise RequestError(
+                422, "text", "no sentences: give a string or a non-empty list of strings"
+            )
         if len(sentences) > limits.max_sentences:
-            raise RequestError(422, "text", f"at most {limits.max_sentences} sentences per request "
-                               f"(serve --max-sentences), got {len(sentences)}")
-        if not any(sentence.strip() for sentence in sentences):  # in a list, an empty one gets an empty translation
-            raise RequestError(422, "text", "empty sentence" if one or len(sentences) == 1 else
-                               "nothing to translate: every sentence is empty")
+            raise RequestError(
+                422,
+                "text",
+                f"at most {limits.max_sentences} sentences per request "
+                f"(serve --max-sentences), got {len(sentences)}",
+            )
+        if not any(
+            sentence.strip() for sentence in sentences
+        ):  # in a list, an empty one gets an empty translation
+            raise RequestError(
+                422,
+                "text",
+                "empty sentence"
+                if one or len(sentences) == 1
+                else "nothing to translate: every sentence is empty",
+            )
         for i, sentence in enumerate(sentences):
             where = "text" if one else f"text[{i}]"
             if len(sentence) > limits.max_chars:
-                raise RequestError(422, where, f"{len(sentence)} characters; at most {limits.max_chars} "
-                                   "(serve --max-chars)")
+                raise RequestError(
+                    422,
+                    where,
+                    f"{len(sentence)} characters; at most {limits.max_chars} (serve --max-chars)",
+                )
             _check_encodable(sentence, where)
         return sentences
 
@@ -316,5 +427,9 @@ def _check_encodable(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise RequestError(422, where, f"not valid text: a lone surrogate U+{ord(text[err.start]):04X} at character "
-                           f"{err.start} (send whole characters: a surrogate pair or the character itself)") from None
+        raise RequestError(
+            422,
+            where,
+            f"not valid text: a lone surrogate U+{ord(text[err.start]):04X} at character "
+            f"{err.start} (send whole characters: a surrogate pair or the character itself)",
+        ) from None

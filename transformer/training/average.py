@@ -22,7 +22,11 @@ from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
     """`run_dir/checkpoints/step_N.pt`, sorted by N (oldest first)."""
     folder = Path(run_dir) / "checkpoints"
-    found = [(int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in folder.glob("step_*.pt")
+        if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -37,10 +41,12 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     found = step_checkpoints(run_dir)
     if len(found) < n:
         names = ", ".join(p.name for p in found) or "none"
-        raise CheckpointError(f"{Path(run_dir) / 'checkpoints'}: {n} step checkpoints asked for, {len(found)} found "
-                              f"({names}); a run keeps its last training.keep_last_checkpoints step checkpoints, "
-                              "written every training.save_every_steps updates: ask for fewer, or name files with "
-                              "--checkpoints")
+        raise CheckpointError(
+            f"{Path(run_dir) / 'checkpoints'}: {n} step checkpoints asked for, {len(found)} found "
+            f"({names}); a run keeps its last training.keep_last_checkpoints step checkpoints, "
+            "written every training.save_every_steps updates: ask for fewer, or name files with "
+            "--checkpoints"
+        )
     return found[-n:]
 
 
@@ -56,42 +62,65 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     paths = [Path(p) for p in paths]
     for path in paths:
         if path.is_dir():
-            raise CheckpointError(f"{path} is a folder: average takes .pt checkpoints of one run (e.g. "
-                                  "RUN/checkpoints/step_*.pt, or --run-dir RUN); a MarianMT or CTranslate2 folder "
-                                  "cannot be averaged")
+            raise CheckpointError(
+                f"{path} is a folder: average takes .pt checkpoints of one run (e.g. "
+                "RUN/checkpoints/step_*.pt, or --run-dir RUN); a MarianMT or CTranslate2 folder "
+                "cannot be averaged"
+            )
     first = load_checkpoint(paths[0])
-    sums = {name: t.to(torch.float64) for name, t in first["model"].items() if t.is_floating_point()}
+    sums = {
+        name: t.to(torch.float64) for name, t in first["model"].items() if t.is_floating_point()
+    }
     newest = first
     for path in paths[1:]:
         state = load_checkpoint(path)
         _check_compatible(paths[0], first, path, state)
         for name in sums:
             sums[name] += state["model"][name].to(torch.float64)
-        if state.get("train_state", {}).get("step", -1) > newest.get("train_state", {}).get("step", -1):
+        if state.get("train_state", {}).get("step", -1) > newest.get("train_state", {}).get(
+            "step", -1
+        ):
             newest = state
     model: dict[str, torch.Tensor] = {}
-    shared: dict[int, torch.Tensor] = {}  # tied weights (one storage, several names) stay one tensor
+    shared: dict[
+        int, torch.Tensor
+    ] = {}  # tied weights (one storage, several names) stay one tensor
     for name, t in first["model"].items():
         if t.data_ptr() not in shared:
-            shared[t.data_ptr()] = (sums[name] / len(paths)).to(t.dtype) if name in sums else t.clone()
+            shared[t.data_ptr()] = (
+                (sums[name] / len(paths)).to(t.dtype) if name in sums else t.clone()
+            )
         model[name] = shared[t.data_ptr()]
-    return {"model": model, "config": first["config"], "vocab_sizes": first["vocab_sizes"],
-            "tokenizer": first["tokenizer"], "train_state": newest.get("train_state", {}),
-            "averaged_from": [str(p) for p in paths]}
+    return {
+        "model": model,
+        "config": first["config"],
+        "vocab_sizes": first["vocab_sizes"],
+        "tokenizer": first["tokenizer"],
+        "train_state": newest.get("train_state", {}),
+        "averaged_from": [str(p) for p in paths],
+    }
 
 
-def _check_compatible(first_path: Path, first: dict[str, Any], path: Path, state: dict[str, Any]) -> None:
+def _check_compatible(
+    first_path: Path, first: dict[str, Any], path: Path, state: dict[str, Any]
+) -> None:
     def refuse(what: str) -> None:
         raise CheckpointError(f"cannot average {path} with {first_path}: {what}")
 
     a, b = first["config"]["model"], state["config"]["model"]
     if a != b:
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        refuse("different model configs (" + ", ".join(f"model.{k}: {b.get(k)!r} vs {a.get(k)!r}" for k in keys) + ")")
+        refuse(
+            "different model configs ("
+            + ", ".join(f"model.{k}: {b.get(k)!r} vs {a.get(k)!r}" for k in keys)
+            + ")"
+        )
     if list(first["vocab_sizes"]) != list(state["vocab_sizes"]):
         refuse(f"different vocabulary sizes ({state['vocab_sizes']} vs {first['vocab_sizes']})")
     if first["tokenizer"] != state["tokenizer"]:
-        refuse("different sentencepiece models (trained separately: the same ids mean different pieces)")
+        refuse(
+            "different sentencepiece models (trained separately: the same ids mean different pieces)"
+        )
     shapes_a = {k: tuple(t.shape) for k, t in first["model"].items()}
     shapes_b = {k: tuple(t.shape) for k, t in state["model"].items()}
     if shapes_a != shapes_b:
@@ -108,8 +137,14 @@ def average_to_file(paths: list[str | Path], output: str | Path) -> dict[str, An
     """
     output = Path(output)
     if output.exists() and not _is_average(output):
-        kind = "a folder" if output.is_dir() else "a file other than an averaged checkpoint (it would be overwritten)"
-        raise CheckpointError(f"--output {output}: exists and is {kind}: choose another file, or remove it first")
+        kind = (
+            "a folder"
+            if output.is_dir()
+            else "a file other than an averaged checkpoint (it would be overwritten)"
+        )
+        raise CheckpointError(
+            f"--output {output}: exists and is {kind}: choose another file, or remove it first"
+        )
     averaged = average_checkpoints(paths)
     save_checkpoint(averaged, output)
     return averaged

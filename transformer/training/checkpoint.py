@@ -83,35 +83,60 @@ def checkpoint_path(run_dir: str | Path, name: str = "last") -> Path:
     return Path(run_dir) / "checkpoints" / f"{name}.pt"
 
 
-def checkpoint_state(model: Transformer, optimizer: Optional[torch.optim.Optimizer], tokenizer: Tokenizer,
-                     config: Config, state: TrainState, scaler: Optional[torch.amp.GradScaler] = None,
-                     device: Optional[torch.device] = None) -> dict[str, Any]:
+def checkpoint_state(
+    model: Transformer,
+    optimizer: Optional[torch.optim.Optimizer],
+    tokenizer: Tokenizer,
+    config: Config,
+    state: TrainState,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    device: Optional[torch.device] = None,
+) -> dict[str, Any]:
     """The checkpoint dict (keys in the module docstring); without optimizer, RNG and loss-scaler state if
     `optimizer` is None. `device`: the training device, whose generator state is saved when it is a GPU."""
-    out = {"model": model.state_dict(), "config": config.to_dict(),
-           "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
-           "tokenizer": tokenizer.to_dict(),
-           "train_state": {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in asdict(state).items()}}
+    out = {
+        "model": model.state_dict(),
+        "config": config.to_dict(),
+        "vocab_sizes": [config.model.src_vocab_size, config.model.tgt_vocab_size],
+        "tokenizer": tokenizer.to_dict(),
+        "train_state": {
+            k: float(v) if isinstance(v, torch.Tensor) else v for k, v in asdict(state).items()
+        },
+    }
     if optimizer is not None:
         out["optimizer"] = optimizer.state_dict()
         on_cuda = device is not None and device.type == "cuda"
-        out["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                      "cuda": torch.cuda.get_rng_state(device) if on_cuda else None}
+        out["rng"] = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state(device) if on_cuda else None,
+        }
         if scaler is not None:
             out["grad_scaler"] = scaler.state_dict()
     return out
 
 
-def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
-                             tokenizer: Tokenizer, config: Config, state: TrainState, is_best: bool = False,
-                             keep_step_checkpoint: bool = False, scaler: Optional[torch.amp.GradScaler] = None,
-                             device: Optional[torch.device] = None) -> None:
+def save_training_checkpoint(
+    run_dir: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    tokenizer: Tokenizer,
+    config: Config,
+    state: TrainState,
+    is_best: bool = False,
+    keep_step_checkpoint: bool = False,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    device: Optional[torch.device] = None,
+) -> None:
     """Write last.pt (and best.pt, step_N.pt), pruning step checkpoints beyond `keep_last_checkpoints`.
     `scaler` (fp16) and `device` as in `checkpoint_state`."""
     full = checkpoint_state(model, optimizer, tokenizer, config, state, scaler, device)
     save_checkpoint(full, checkpoint_path(run_dir, "last"))
     if is_best:
-        save_checkpoint(checkpoint_state(model, None, tokenizer, config, state), checkpoint_path(run_dir, "best"))
+        save_checkpoint(
+            checkpoint_state(model, None, tokenizer, config, state),
+            checkpoint_path(run_dir, "best"),
+        )
     keep = config.training.keep_last_checkpoints
     if keep_step_checkpoint and keep > 0:
         save_checkpoint(full, checkpoint_path(run_dir, f"step_{state.step}"))
@@ -121,14 +146,14 @@ def save_training_checkpoint(run_dir: Path, model: Transformer, optimizer: torch
 
 RESUME_MAY_CHANGE = {
     "training.max_steps": "the run goes on to the new max_steps; the linear and cosine schedules are recomputed for "
-                          "it, so the learning rate continues on the new schedule from the resumed step (inverse_sqrt "
-                          "does not depend on max_steps)",
+    "it, so the learning rate continues on the new schedule from the resumed step (inverse_sqrt "
+    "does not depend on max_steps)",
     "training.max_epochs": "the run stops at the new epoch limit",
     "training.eval_every_steps": "validation (and its checkpoints) at the multiples of the new interval",
     "training.log_every_steps": "log lines at the multiples of the new interval",
     "training.save_every_steps": "step checkpoints at the multiples of the new interval",
     "training.patience": "early stopping compares the new patience with the saved count of validations "
-                         "without improvement",
+    "without improvement",
     "training.keep_last_checkpoints": "the next step checkpoint prunes step_N.pt files down to the new number",
     "training.max_nonfinite_steps": "the new limit, counted from the saved count",
     "training.threads": "the new number of CPU threads",
@@ -140,14 +165,18 @@ RESUME_MAY_CHANGE = {
     "data.cache_dir": "the token cache is looked for (or rebuilt, with the same contents) in the new folder",
     "data.subword_workers": "the next subword samples are encoded by the new number of processes (to the same ids)",
     "data.valid_max_sentences": "validation BLEU on the new number of sentences (best_bleu so far was measured on "
-                                "the old number)",
+    "the old number)",
     "decoding.*": "decoding defaults of the checkpoints written from now on (validation decodes greedily)",
 }
 """Config keys that may differ on --resume, with what happens then. Any other difference is refused."""
 
 
 def _flat(config: Config) -> dict[str, Any]:
-    return {f"{section}.{key}": value for section, values in config.to_dict().items() for key, value in values.items()}
+    return {
+        f"{section}.{key}": value
+        for section, values in config.to_dict().items()
+        for key, value in values.items()
+    }
 
 
 def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> None:
@@ -171,16 +200,25 @@ def check_resume_config(saved: dict[str, Any], config: Config, path: Path) -> No
         else:
             allowed.append((key, old, new, rule))
     if refused:
-        raise ConfigError(f"{path}: --resume cannot change {'; '.join(refused)}: it would change the model, data, "
-                          "batch order or optimisation the run has followed. Resume with the checkpoint's values or "
-                          "start a new --run-dir. Keys that may change: "
-                          f"{', '.join(RESUME_MAY_CHANGE)}")
+        raise ConfigError(
+            f"{path}: --resume cannot change {'; '.join(refused)}: it would change the model, data, "
+            "batch order or optimisation the run has followed. Resume with the checkpoint's values or "
+            "start a new --run-dir. Keys that may change: "
+            f"{', '.join(RESUME_MAY_CHANGE)}"
+        )
     for key, old, new, rule in allowed:  # logged once the resume is accepted
         logger.info("resume: %s changed from %r to %r: %s", key, old, new, rule)
 
 
-def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, config: Config,
-            device: torch.device, dist: Distributed, scaler: Optional[torch.amp.GradScaler] = None) -> TrainState:
+def restore(
+    run_dir: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    config: Config,
+    device: torch.device,
+    dist: Distributed,
+    scaler: Optional[torch.amp.GradScaler] = None,
+) -> TrainState:
     """Load last.pt into model, optimizer and (fp16) the loss scaler, restore the RNG states, and return the saved
     `TrainState`. A scaler that the checkpoint has no state for (the run was not fp16 before) starts afresh.
 
@@ -200,13 +238,20 @@ def restore(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
     else:
         torch.set_rng_state(saved["rng"]["torch"].cpu())
         random.setstate(_as_tuple(saved["rng"]["python"]))
-        cuda_state = saved["rng"].get("cuda")  # older checkpoints hold a list (of CPU runs' [] only)
+        cuda_state = saved["rng"].get(
+            "cuda"
+        )  # older checkpoints hold a list (of CPU runs' [] only)
         if isinstance(cuda_state, torch.Tensor) and device.type == "cuda":
             torch.cuda.set_rng_state(cuda_state.cpu(), device)
     if scaler is not None and saved.get("grad_scaler"):
         scaler.load_state_dict(saved["grad_scaler"])
-    logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch,
-                state.batch_in_epoch)
+    logger.info(
+        "resumed from %s at step %d (epoch %d, batch %d)",
+        path,
+        state.step,
+        state.epoch,
+        state.batch_in_epoch,
+    )
     return state
 
 
@@ -223,11 +268,17 @@ def check_no_earlier_run(run_dir: Path) -> None:
     Raises:
         ConfigError: naming the files found, with the two ways on (--resume, or another or emptied --run-dir).
     """
-    found = sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
+    found = (
+        sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
+    )
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size > 0:
         found.append(metrics)
     if found:
-        names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (", ..." if len(found) > 4 else "")
-        raise ConfigError(f"{run_dir} already holds a training run ({names}): continue it with --resume (make train "
-                          f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}")
+        names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (
+            ", ..." if len(found) > 4 else ""
+        )
+        raise ConfigError(
+            f"{run_dir} already holds a training run ({names}): continue it with --resume (make train "
+            f"RESUME=1), or start afresh with another --run-dir or after deleting {run_dir}"
+        )

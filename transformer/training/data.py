@@ -37,7 +37,9 @@ class ValidationSet:
     marks: a multilingual run's target-language token)."""
 
 
-def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] = None) -> Tokenizer:
+def prepare_tokenizer(
+    config: Config, run_dir: Path, given: Optional[Tokenizer] = None
+) -> Tokenizer:
     """The run's tokenizer: `given` (fine-tuning: the source's, saved in run_dir), else the one saved in run_dir,
     else one trained on a sample of the training split and saved.
 
@@ -53,27 +55,44 @@ def prepare_tokenizer(config: Config, run_dir: Path, given: Optional[Tokenizer] 
     tokenizer = Tokenizer.load(run_dir, data.src_lang, data.tgt_lang, data.joint_vocab)
     if given is not None:
         if tokenizer is not None and tokenizer.digest() != given.digest():
-            raise ConfigError(f"--init-from: {run_dir} holds another tokenizer (spm*.model) than the source's; "
-                              "fine-tune into a new --run-dir")
+            raise ConfigError(
+                f"--init-from: {run_dir} holds another tokenizer (spm*.model) than the source's; "
+                "fine-tune into a new --run-dir"
+            )
         if tokenizer is None:
             given.save(run_dir, data.src_lang, data.tgt_lang)
         tokenizer = given
     elif tokenizer is None:
         reserved = reserved_pieces(data)
-        if data.joint_vocab:  # one model: every language's sentences, the corpora's marks whole pieces
-            tokenizer = train_tokenizer(joint_sample(data, config.training.seed), [], data, symbols=tuple(reserved))
+        if (
+            data.joint_vocab
+        ):  # one model: every language's sentences, the corpora's marks whole pieces
+            tokenizer = train_tokenizer(
+                joint_sample(data, config.training.seed), [], data, symbols=tuple(reserved)
+            )
         else:  # a model per side: one source and one target language (languages.check_directions)
-            tokenizer = train_tokenizer(*_sample(data.corpora[0].section(data), data.spm_max_sentences,
-                                                 config.training.seed), data)
+            tokenizer = train_tokenizer(
+                *_sample(
+                    data.corpora[0].section(data), data.spm_max_sentences, config.training.seed
+                ),
+                data,
+            )
         for path in tokenizer.save(run_dir, data.src_lang, data.tgt_lang):
-            logger.info("saved sentencepiece model %s%s", path,
-                        f" (with the reserved pieces {' '.join(reserved)})" if reserved else "")
+            logger.info(
+                "saved sentencepiece model %s%s",
+                path,
+                f" (with the reserved pieces {' '.join(reserved)})" if reserved else "",
+            )
     else:
         logger.info("reusing the sentencepiece model(s) in %s", run_dir)
-    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size,
-                                                                config.model.tgt_vocab_size):
-        raise ConfigError(f"data.vocab_size={data.vocab_size} but the sentencepiece model(s) in {run_dir} have "
-                          f"{tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} pieces; use a new --run-dir")
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (
+        config.model.src_vocab_size,
+        config.model.tgt_vocab_size,
+    ):
+        raise ConfigError(
+            f"data.vocab_size={data.vocab_size} but the sentencepiece model(s) in {run_dir} have "
+            f"{tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size} pieces; use a new --run-dir"
+        )
     return tokenizer
 
 
@@ -99,8 +118,13 @@ def _sample(data: DataConfig, n_pairs: int, seed: int) -> tuple[list[str], list[
     """Both sides of `n_pairs` random training pairs of the data section of one corpus, drawn with `seed`."""
     source = open_split(data, data.train_split)
     src, tgt = source.sample(n_pairs, seed)
-    logger.info("sentencepiece sample: %d of %d training pairs from %s%s", len(src), len(source), source.origin,
-                f" (data.spm_max_sentences={data.spm_max_sentences})" if len(src) < len(source) else "")
+    logger.info(
+        "sentencepiece sample: %d of %d training pairs from %s%s",
+        len(src),
+        len(source),
+        source.origin,
+        f" (data.spm_max_sentences={data.spm_max_sentences})" if len(src) < len(source) else "",
+    )
     for s, t in list(zip(src, tgt))[:2]:
         logger.info("example pair  %s: %s  ->  %s: %s", data.src_lang, s, data.tgt_lang, t)
     return src, tgt
@@ -129,9 +153,12 @@ def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
     return ValidationSet(EncodedPairs.from_lists(src, tgt), references, corpora)
 
 
-def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = None,
-                 tokenizer: Optional[Tokenizer] = None
-                 ) -> tuple[Tokenizer, list[EncodedPairs], Optional[ValidationSet]]:
+def prepare_data(
+    config: Config,
+    run_dir: Path,
+    dist: Optional[Distributed] = None,
+    tokenizer: Optional[Tokenizer] = None,
+) -> tuple[Tokenizer, list[EncodedPairs], Optional[ValidationSet]]:
     """Tokenizer (`tokenizer` if given: fine-tuning), training pairs (a memory-mapped token cache per corpus, in the
     order of data.corpora) and validation set of a run.
 
@@ -161,11 +188,19 @@ def prepare_data(config: Config, run_dir: Path, dist: Optional[Distributed] = No
         tokenizer = prepare_tokenizer(config, run_dir, given)
     caches = []
     for corpus in config.data.corpora:
-        train = get_token_cache(corpus.section(config.data), config.data.train_split, tokenizer,
-                                build=dist.local_rank == 0)
-        logger.info("train%s: %d pairs (%d source + %d target tokens, eos included on both sides)",
-                    f" {corpus.name}" if corpus.name else "", len(train), int(train.src_lengths.sum()),
-                    int(train.tgt_lengths.sum()))
+        train = get_token_cache(
+            corpus.section(config.data),
+            config.data.train_split,
+            tokenizer,
+            build=dist.local_rank == 0,
+        )
+        logger.info(
+            "train%s: %d pairs (%d source + %d target tokens, eos included on both sides)",
+            f" {corpus.name}" if corpus.name else "",
+            len(train),
+            int(train.src_lengths.sum()),
+            int(train.tgt_lengths.sum()),
+        )
         if dist.is_main:
             report_unknown_characters(config.data, train)
         caches.append(train)
@@ -184,9 +219,11 @@ def report_unknown_characters(data: DataConfig, train: EncodedPairs) -> None:
         return
     shown = ", ".join(f"{c!r} ({n})" for c, n in found["characters"][:10])
     more = found["distinct"] - min(10, len(found["characters"]))
-    message = (f"{found['pairs']} of {len(train)} training pairs hold characters the vocabulary maps to unk, so the "
-               f"model learns to write or drop unk for them: {shown}{f' and {more} more' if more > 0 else ''} "
-               "(pairs per character)")
+    message = (
+        f"{found['pairs']} of {len(train)} training pairs hold characters the vocabulary maps to unk, so the "
+        f"model learns to write or drop unk for them: {shown}{f' and {more} more' if more > 0 else ''} "
+        "(pairs per character)"
+    )
     if data.unknown_characters == "refuse":
         raise DataError(f"{message}; data.unknown_characters=refuse (warn: train anyway)")
     logger.warning("%s; data.unknown_characters=refuse stops instead", message)
@@ -216,13 +253,21 @@ class MixedEpochs:
     sampling (`data/mixing.py`), fixed by training.seed and the epoch; a run of one corpus has nothing to mix, and
     its epoch is that corpus's pairs as they are (the batches shuffle them)."""
 
-    def __init__(self, corpora: list[Union[CacheEpochs, SampledEpochs]], data: DataConfig, seed: int) -> None:
+    def __init__(
+        self, corpora: list[Union[CacheEpochs, SampledEpochs]], data: DataConfig, seed: int
+    ) -> None:
         self.corpora, self.temperature, self.seed = corpora, data.direction_temperature, seed
         self.sizes = [len(c) for c in corpora]
         shares = direction_shares(self.sizes, self.temperature)
         if len(corpora) > 1:
-            logger.info("directions mixed with temperature %g: pairs per epoch %s", self.temperature, ", ".join(
-                f"{c.name} {int(n)} of {size}" for c, n, size in zip(data.corpora, shares, self.sizes)))
+            logger.info(
+                "directions mixed with temperature %g: pairs per epoch %s",
+                self.temperature,
+                ", ".join(
+                    f"{c.name} {int(n)} of {size}"
+                    for c, n, size in zip(data.corpora, shares, self.sizes)
+                ),
+            )
 
     def __len__(self) -> int:
         return sum(self.sizes)
@@ -242,29 +287,65 @@ class MixedEpochs:
             corpus.close()
 
 
-def training_epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, caches: list[EncodedPairs],
-                    dist: Optional[Distributed] = None) -> MixedEpochs:
+def training_epochs(
+    config: Config,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    caches: list[EncodedPairs],
+    dist: Optional[Distributed] = None,
+) -> MixedEpochs:
     """The training pairs of each epoch (`.epoch(e)`): per corpus (`caches`: its token cache), the token cache, or
     with data.subword_sampling a fresh sample for every epoch after the first (`data/subword_sampling.py`; local rank
     0 of each machine builds them); the corpora mixed (`MixedEpochs`)."""
     data = config.data
-    return MixedEpochs([_epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
-                        for corpus, cache in zip(data.corpora, caches)], data, config.training.seed)
+    return MixedEpochs(
+        [
+            _epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
+            for corpus, cache in zip(data.corpora, caches)
+        ],
+        data,
+        config.training.seed,
+    )
 
 
-def _epochs(config: Config, run_dir: Path, tokenizer: Tokenizer, cache: EncodedPairs, dist: Optional[Distributed],
-            data: DataConfig, name: str) -> Union[CacheEpochs, SampledEpochs]:
+def _epochs(
+    config: Config,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    cache: EncodedPairs,
+    dist: Optional[Distributed],
+    data: DataConfig,
+    name: str,
+) -> Union[CacheEpochs, SampledEpochs]:
     if not data.subword_sampling:
         return CacheEpochs(cache)
     dist = dist or Distributed()
-    kind = "BPE-dropout" if data.spm_model_type == "bpe" else f"unigram {data.subword_nbest_size}-best sampling"
-    logger.info("subword sampling (data.subword_sampling): %s, alpha %g; every epoch after the first is encoded "
-                "afresh in %s", kind, data.subword_alpha, run_dir / SAMPLES_FOLDER / name)
-    return SampledEpochs(cache, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0,
-                         name=name)
+    kind = (
+        "BPE-dropout"
+        if data.spm_model_type == "bpe"
+        else f"unigram {data.subword_nbest_size}-best sampling"
+    )
+    logger.info(
+        "subword sampling (data.subword_sampling): %s, alpha %g; every epoch after the first is encoded "
+        "afresh in %s",
+        kind,
+        data.subword_alpha,
+        run_dir / SAMPLES_FOLDER / name,
+    )
+    return SampledEpochs(
+        cache, data, tokenizer, config.training.seed, run_dir, build=dist.local_rank == 0, name=name
+    )
 
 
-def epoch_batches(pairs: Union[EncodedPairs, MixedPairs], config: Config, epoch: int) -> list[np.ndarray]:
+def epoch_batches(
+    pairs: Union[EncodedPairs, MixedPairs], config: Config, epoch: int
+) -> list[np.ndarray]:
     """The batches (arrays of pair indices) of one epoch, fixed by training.seed and the epoch number."""
-    return token_batches(pairs.src_lengths, pairs.tgt_lengths, config.data.max_tokens_per_batch,
-                         config.training.seed, epoch, config.data.pool_factor)
+    return token_batches(
+        pairs.src_lengths,
+        pairs.tgt_lengths,
+        config.data.max_tokens_per_batch,
+        config.training.seed,
+        epoch,
+        config.data.pool_factor,
+    )

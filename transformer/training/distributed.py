@@ -97,9 +97,11 @@ def init_distributed(device: torch.device) -> Distributed:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
             if local_rank >= torch.cuda.device_count():
-                raise DeviceError(f"torchrun process LOCAL_RANK={local_rank} trains on CUDA, but this machine shows "
-                                  f"{torch.cuda.device_count()} GPU(s): start at most that many processes per "
-                                  "machine (--nproc_per_node), or train on the CPU (--set training.device=cpu)")
+                raise DeviceError(
+                    f"torchrun process LOCAL_RANK={local_rank} trains on CUDA, but this machine shows "
+                    f"{torch.cuda.device_count()} GPU(s): start at most that many processes per "
+                    "machine (--nproc_per_node), or train on the CPU (--set training.device=cpu)"
+                )
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=backend, timeout=PROCESS_GROUP_TIMEOUT)
     logger.info("process group: rank %d of %d, backend %s", rank, world_size, dist.get_backend())
@@ -125,7 +127,11 @@ def data_parallel(module: nn.Module, device: torch.device) -> DistributedDataPar
     """`module` under DistributedDataParallel on `device` (its GPU, or the CPU), without syncing buffers at each
     forward: ours (the positional encoding table) are constants. torch 2.13 names that `forward_sync_buffers=False`
     (and warns about the older `broadcast_buffers=False`, which earlier versions need)."""
-    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-               else "broadcast_buffers")
-    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                   **{no_sync: False})
+    no_sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else "broadcast_buffers"
+    )
+    return DistributedDataParallel(
+        module, device_ids=[device.index] if device.type == "cuda" else None, **{no_sync: False}
+    )

@@ -33,8 +33,11 @@ from ..tokenizer import Tokenizer, TokenizerError
 
 FREE_MODEL_KEYS = ("dropout", "attention_dropout", "max_positions")
 """Model keys a fine-tuning run may set differently from its source (they change no weight)."""
-FIXED_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig)
-                         if f.name not in FREE_MODEL_KEYS + ("src_vocab_size", "tgt_vocab_size"))
+FIXED_MODEL_KEYS = tuple(
+    f.name
+    for f in dataclasses.fields(TransformerConfig)
+    if f.name not in FREE_MODEL_KEYS + ("src_vocab_size", "tgt_vocab_size")
+)
 """Model keys taken from the source (sizes, vocabulary sharing, norm placement, activation, output bias)."""
 FIXED_DATA_KEYS = ("vocab_size", "joint_vocab", "spm_model_type")
 """Data keys that describe the source's tokenizer."""
@@ -64,7 +67,11 @@ def content_sha256(path: str | Path) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     hidden = lambda p: any(part.startswith(".") for part in p.relative_to(path).parts)  # noqa: E731
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p))
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p))
+    )
     for file in files:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode() + b"\0")
@@ -111,7 +118,10 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
     raw = copy.deepcopy(raw) if isinstance(raw, dict) else raw
     if not isinstance(raw, dict):
         return config_from_dict(raw)  # its own error
-    fixed = {"model": (source.config.model, FIXED_MODEL_KEYS), "data": (source.config.data, FIXED_DATA_KEYS)}
+    fixed = {
+        "model": (source.config.model, FIXED_MODEL_KEYS),
+        "data": (source.config.data, FIXED_DATA_KEYS),
+    }
     refused = []
     for section, (values, keys) in fixed.items():
         given = raw.get(section) or {}
@@ -122,13 +132,17 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
                 refused.append(f"{section}.{key}={given[key]!r} (the source has {theirs!r})")
             given[key] = theirs
     if refused:
-        raise ConfigError(f"{where}: --init-from {source.path} fixes the model and its tokenizer, but the config sets "
-                          f"{'; '.join(refused)}: remove these keys or give the source's values")
+        raise ConfigError(
+            f"{where}: --init-from {source.path} fixes the model and its tokenizer, but the config sets "
+            f"{'; '.join(refused)}: remove these keys or give the source's values"
+        )
     training = raw.get("training") or {}
     raw["training"] = training
     for key, value in (("init_from", source.path), ("init_from_sha256", source.sha256)):
         if training.get(key) not in (None, value):
-            raise ConfigError(f"{where}: training.{key} is set by --init-from; remove it from the config")
+            raise ConfigError(
+                f"{where}: training.{key} is set by --init-from; remove it from the config"
+            )
         training[key] = value
     model = source.config.model
     try:
@@ -151,23 +165,38 @@ def _check_languages(config: Config, source: InitSource, where: str) -> None:
     theirs, ours = language_tokens(source.config.data), language_tokens(config.data)
     if theirs and not ours:
         directions = ", ".join(corpus.direction for corpus in source.config.data.corpora)
-        raise ConfigError(f"{where}: --init-from {source.path} is a multilingual model ({directions}): set "
-                          f"data.directions (e.g. [{config.data.src_lang}-{config.data.tgt_lang}]) so that its "
-                          "sources keep their target-language token", key="data.directions")
+        raise ConfigError(
+            f"{where}: --init-from {source.path} is a multilingual model ({directions}): set "
+            f"data.directions (e.g. [{config.data.src_lang}-{config.data.tgt_lang}]) so that its "
+            "sources keep their target-language token",
+            key="data.directions",
+        )
     if source.tokenizer is None:  # --resume: the run's own checkpoint was checked when it started
         return
     for corpus in config.data.corpora:
         try:
             source.tokenizer.source_prefix(corpus)
         except TokenizerError:
-            have = ", ".join(target_languages(source.config.data)) if theirs else "none (a bilingual model)"
-            raise ConfigError(f"{where}: data.directions: --init-from {source.path} has no {corpus.language_token} "
-                              f"token in its vocabulary, so it cannot learn to translate into {corpus.tgt_lang}; its "
-                              f"target languages: {have}", key="data.directions") from None
+            have = (
+                ", ".join(target_languages(source.config.data))
+                if theirs
+                else "none (a bilingual model)"
+            )
+            raise ConfigError(
+                f"{where}: data.directions: --init-from {source.path} has no {corpus.language_token} "
+                f"token in its vocabulary, so it cannot learn to translate into {corpus.tgt_lang}; its "
+                f"target languages: {have}",
+                key="data.directions",
+            ) from None
 
 
-def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, init_from: Optional[str],
-               resume: bool) -> tuple[Config, Optional[InitSource]]:
+def run_config(
+    config_path: str | Path,
+    overrides: list[str],
+    run_dir: Path,
+    init_from: Optional[str],
+    resume: bool,
+) -> tuple[Config, Optional[InitSource]]:
     """The config of `transformer train` and, for a new fine-tuning run, its source (weights and tokenizer to load).
 
     Without --init-from this is `load_config`; with it, `fine_tuning_config` on SOURCE. With --resume the source
@@ -186,8 +215,10 @@ def run_config(config_path: str | Path, overrides: list[str], run_dir: Path, ini
         recorded = source_of_run(last)
         if recorded is None:
             if init_from:
-                raise ConfigError(f"--init-from {init_from} with --resume: the run in {run_dir} was trained from "
-                                  "scratch; resume it without --init-from, or fine-tune into a new --run-dir")
+                raise ConfigError(
+                    f"--init-from {init_from} with --resume: the run in {run_dir} was trained from "
+                    "scratch; resume it without --init-from, or fine-tune into a new --run-dir"
+                )
             config = load_config(config_path, overrides)
         else:
             config = fine_tuning_config(read_raw_config(config_path, overrides), recorded, where)
@@ -205,4 +236,6 @@ def with_absolute_data_path(config: Config) -> Config:
     path = config.data.path
     if path is None or Path(path).is_absolute():
         return config
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, path=str(Path(path).resolve())))
+    return dataclasses.replace(
+        config, data=dataclasses.replace(config.data, path=str(Path(path).resolve()))
+    )

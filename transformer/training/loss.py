@@ -32,7 +32,7 @@ CHUNK_ROWS = 256
 """Rows handled at a time on a CPU: 256 x 8k vocabulary x 4 bytes = 8 MB of float32 logits, about a CPU's L2 + L3
 share."""
 
-GPU_CHUNK_ELEMENTS = 2 ** 25
+GPU_CHUNK_ELEMENTS = 2**25
 """Logits handled at a time on a GPU (128 MB in float32): fewer, larger kernels, where cache size does not matter
 and each chunk costs a dozen kernel launches."""
 
@@ -49,18 +49,40 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed loss and summed NLL of softmax(hidden Wᵀ + b) over the rows whose target is not pad."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, epsilon: float,
-                pad_id: int, matmul_dtype: torch.dtype, wants_grad: bool, rows_per_chunk: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        target: Tensor,
+        epsilon: float,
+        pad_id: int,
+        matmul_dtype: torch.dtype,
+        wants_grad: bool,
+        rows_per_chunk: int,
+    ) -> tuple[Tensor, Tensor]:
         n, vocab_size = hidden.size(0), weight.size(0)
         uniform = epsilon / (vocab_size - 1)  # q_k of every token but the reference and pad
-        compute_dtype = torch.promote_types(matmul_dtype, torch.float32)  # the softmax never in half precision
-        h, w = hidden.to(matmul_dtype), weight.to(matmul_dtype)  # (n, d_model), (vocab_size, d_model)
+        compute_dtype = torch.promote_types(
+            matmul_dtype, torch.float32
+        )  # the softmax never in half precision
+        h, w = (
+            hidden.to(matmul_dtype),
+            weight.to(matmul_dtype),
+        )  # (n, d_model), (vocab_size, d_model)
         keep = target.ne(pad_id).to(compute_dtype)  # (n,)
         grad_hidden = torch.empty_like(h) if wants_grad and ctx.needs_input_grad[0] else None
-        grad_weight = (torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
-                       if wants_grad and ctx.needs_input_grad[1] else None)
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device)
+            if wants_grad and ctx.needs_input_grad[1]
+            else None
+        )
         b = None if bias is None else bias.to(compute_dtype)
-        grad_bias = torch.zeros_like(b) if b is not None and wants_grad and ctx.needs_input_grad[2] else None
+        grad_bias = (
+            torch.zeros_like(b)
+            if b is not None and wants_grad and ctx.needs_input_grad[2]
+            else None
+        )
         loss = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         nll_sum = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         for start in range(0, n, rows_per_chunk):
@@ -70,7 +92,9 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             logits = logits if b is None else logits + b
             log_p = torch.log_softmax(logits, dim=-1, dtype=compute_dtype)
             nll = -log_p.gather(-1, y).squeeze(-1)  # -log p_y
-            smooth = -(log_p.sum(-1) - log_p[:, pad_id]) / (vocab_size - 1)  # -mean_{k != pad} log p_k
+            smooth = -(log_p.sum(-1) - log_p[:, pad_id]) / (
+                vocab_size - 1
+            )  # -mean_{k != pad} log p_k
             loss += (((1.0 - epsilon) * nll + epsilon * smooth) * k).sum()
             nll_sum += (nll * k).sum()
             if grad_hidden is None and grad_weight is None and grad_bias is None:
@@ -78,7 +102,9 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             g = log_p.exp_()  # dL/dlogits = p - q on kept rows, 0 on pad rows: first p,
             g.sub_(uniform)  # p - ε·u on every token ...
             g[:, pad_id] += uniform  # ... but pad, which has q = 0
-            g.scatter_add_(-1, y, torch.full_like(k[:, None], epsilon - 1.0))  # reference: q = 1 - ε + ε·u
+            g.scatter_add_(
+                -1, y, torch.full_like(k[:, None], epsilon - 1.0)
+            )  # reference: q = 1 - ε + ε·u
             g = g.mul_(k[:, None])
             if grad_bias is not None:
                 grad_bias += g.sum(0)
@@ -98,16 +124,25 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Any) -> tuple[Any, ...]:
-        grads = [None if g is None else g.to(dtype) * grad_loss.to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes)]
+        grads = [
+            None if g is None else g.to(dtype) * grad_loss.to(dtype)
+            for g, dtype in zip(ctx.grads, ctx.dtypes)
+        ]
         return grads[0], grads[1], grads[2], None, None, None, None, None, None
 
 
 # torch.compile (training.compile) would recompile the chunk loop for every batch's row count, up to its limit: it
 # compiles the model and leaves this function, a few large matrix products per batch, to run as written.
 @torch.compiler.disable
-def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                                           pad_id: int, bias: Optional[Tensor] = None,
-                                           rows_per_chunk: Optional[int] = None) -> tuple[Tensor, Tensor]:
+def projected_label_smoothed_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    pad_id: int,
+    bias: Optional[Tensor] = None,
+    rows_per_chunk: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed negative log-likelihood of logits = hidden Wᵀ + b over the non-pad
     targets, without building the logits of all rows at once (see the module docstring).
 
@@ -134,9 +169,17 @@ def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, targe
     # Grad mode is off inside forward, and needs_input_grad is set even under no_grad: decide here.
     wants_grad = torch.is_grad_enabled()
     with torch.autocast(device_type, enabled=False):  # the function casts by itself
-        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, bias, target, epsilon, pad_id,
-                                                         matmul_dtype, wants_grad,
-                                                         rows_per_chunk or chunk_rows(device_type, weight.size(0)))
+        return _ProjectedLabelSmoothedCrossEntropy.apply(
+            hidden,
+            weight,
+            bias,
+            target,
+            epsilon,
+            pad_id,
+            matmul_dtype,
+            wants_grad,
+            rows_per_chunk or chunk_rows(device_type, weight.size(0)),
+        )
 
 
 class LossComputation(nn.Module):
@@ -155,17 +198,26 @@ class LossComputation(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: Tensor, src_key_padding_mask: Tensor, tgt_in: Tensor,
-                tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, src: Tensor, src_key_padding_mask: Tensor, tgt_in: Tensor, tgt_out: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Args: src, src_key_padding_mask `(batch, src_len)`; tgt_in, tgt_out `(batch, tgt_len)`.
 
         Returns:
             Summed label-smoothed loss and summed NLL over the non-pad targets (scalars).
         """
-        hidden = self.model.hidden_states(src, tgt_in, src_key_padding_mask)  # (batch, tgt_len, d_model)
+        hidden = self.model.hidden_states(
+            src, tgt_in, src_key_padding_mask
+        )  # (batch, tgt_len, d_model)
         projection = self.model.output_projection
-        return projected_label_smoothed_cross_entropy(hidden.flatten(0, 1), projection.weight, tgt_out.flatten(),
-                                                      self.label_smoothing, PAD_ID, projection.bias)
+        return projected_label_smoothed_cross_entropy(
+            hidden.flatten(0, 1),
+            projection.weight,
+            tgt_out.flatten(),
+            self.label_smoothing,
+            PAD_ID,
+            projection.bias,
+        )
 
 
 def batch_loss(module: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:

@@ -28,7 +28,7 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1
     """
     if step < 1 or warmup_steps < 1:
         raise ValueError(f"step ({step}) and warmup_steps ({warmup_steps}) must be >= 1")
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
 def learning_rate(step: int, training: TrainingConfig, d_model: int) -> float:
@@ -51,13 +51,17 @@ def learning_rate(step: int, training: TrainingConfig, d_model: int) -> float:
     if training.lr_schedule == "inverse_sqrt" or step <= warmup:
         return inverse_sqrt_lr(step, d_model, warmup, training.lr_scale)
     peak = inverse_sqrt_lr(warmup, d_model, warmup, training.lr_scale)
-    progress = min(1.0, (step - warmup) / (training.max_steps - warmup))  # in (0, 1]; warmup < max_steps (config)
+    progress = min(
+        1.0, (step - warmup) / (training.max_steps - warmup)
+    )  # in (0, 1]; warmup < max_steps (config)
     if training.lr_schedule == "linear":
         return peak * (1.0 - progress)
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, training: TrainingConfig, device: torch.device) -> torch.optim.Adam:
+def build_optimizer(
+    model: nn.Module, training: TrainingConfig, device: torch.device
+) -> torch.optim.Adam:
     """Adam(β1=0.9, β2=0.98, ε=1e-9) by default (§5.3); weight decay (AdamW-style) off by default.
 
     Uses the fused implementation (one vectorised pass over all parameters) on CUDA and on CPUs, and the
@@ -67,8 +71,13 @@ def build_optimizer(model: nn.Module, training: TrainingConfig, device: torch.de
     fused = device.type in ("cuda", "cpu")
     kwargs = dict(lr=0.0, betas=training.adam_betas, eps=training.adam_eps)
     if training.weight_decay > 0:
-        return torch.optim.AdamW(params, weight_decay=training.weight_decay, fused=fused or None,
-                                 foreach=None if fused else True, **kwargs)
+        return torch.optim.AdamW(
+            params,
+            weight_decay=training.weight_decay,
+            fused=fused or None,
+            foreach=None if fused else True,
+            **kwargs,
+        )
     return torch.optim.Adam(params, fused=fused or None, foreach=None if fused else True, **kwargs)
 
 

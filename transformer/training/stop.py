@@ -62,8 +62,12 @@ class NonFiniteLossError(RuntimeError):
     """Too many updates in a row had a non-finite loss or gradient."""
 
 
-def count_skipped_update(state: TrainState, max_nonfinite_steps: int, scaler: Optional[torch.amp.GradScaler],
-                         last_checkpoint: Path) -> None:
+def count_skipped_update(
+    state: TrainState,
+    max_nonfinite_steps: int,
+    scaler: Optional[torch.amp.GradScaler],
+    last_checkpoint: Path,
+) -> None:
     """Record an update that was skipped because its gradient was not finite.
 
     A skipped update is not a step: `state.step` (and so the learning-rate schedule, `max_steps` and the log,
@@ -78,15 +82,26 @@ def count_skipped_update(state: TrainState, max_nonfinite_steps: int, scaler: Op
     """
     state.n_skipped_updates += 1
     state.skipped_in_a_row += 1
-    if scaler is not None and scaler.get_scale() >= MIN_LOSS_SCALE and state.skipped_in_a_row <= MAX_SCALE_SEARCH:
-        logger.info("step %d: fp16 gradient overflow, update skipped, loss scale lowered to %g", state.step + 1,
-                    scaler.get_scale())
+    if (
+        scaler is not None
+        and scaler.get_scale() >= MIN_LOSS_SCALE
+        and state.skipped_in_a_row <= MAX_SCALE_SEARCH
+    ):
+        logger.info(
+            "step %d: fp16 gradient overflow, update skipped, loss scale lowered to %g",
+            state.step + 1,
+            scaler.get_scale(),
+        )
         return
     state.nonfinite_in_a_row += 1
-    logger.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", state.step + 1,
-                   state.nonfinite_in_a_row)
+    logger.warning(
+        "step %d: non-finite loss or gradient, update skipped (%d in a row)",
+        state.step + 1,
+        state.nonfinite_in_a_row,
+    )
     if state.nonfinite_in_a_row >= max_nonfinite_steps:
         raise NonFiniteLossError(
             f"{state.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient (limit "
             f"training.max_nonfinite_steps={max_nonfinite_steps}); the last good checkpoint is {last_checkpoint}. "
-            "Try a lower training.lr_scale or training.clip_grad_norm: 1.0")
+            "Try a lower training.lr_scale or training.clip_grad_norm: 1.0"
+        )

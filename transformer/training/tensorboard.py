@@ -66,8 +66,10 @@ def wants_tensorboard(config: Config) -> bool:
     if wanted is None:
         return tensorboard_available()
     if wanted and not tensorboard_available():
-        raise ConfigError("training.tensorboard: true needs the tensorboard package: pip install tensorboard "
-                          "(or pip install 'transformer-nmt[tensorboard]'), or set it to false")
+        raise ConfigError(
+            "training.tensorboard: true needs the tensorboard package: pip install tensorboard "
+            "(or pip install 'transformer-nmt[tensorboard]'), or set it to false"
+        )
     return bool(wanted)
 
 
@@ -78,10 +80,14 @@ class TensorBoardLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir), purge_step=resume_step)
-        self.images = pillow_available()  # TensorBoard encodes images with Pillow, which it does not require
+        self.images = (
+            pillow_available()
+        )  # TensorBoard encodes images with Pillow, which it does not require
         if not self.images:
-            logger.warning("TensorBoard: Pillow is not installed, so no cross-attention image is written "
-                           "(pip install pillow)")
+            logger.warning(
+                "TensorBoard: Pillow is not installed, so no cross-attention image is written "
+                "(pip install pillow)"
+            )
 
     def write(self, record: dict[str, Any]) -> None:
         """Scalars of one metrics.jsonl record ("train" or "valid")."""
@@ -91,34 +97,53 @@ class TensorBoardLog:
                 self.writer.add_scalar(f"{kind}/{key}", record[key], record["step"])
         self.writer.flush()
 
-    def write_samples(self, step: int, sources: list[str], references: list[str], hypotheses: list[str]) -> None:
+    def write_samples(
+        self, step: int, sources: list[str], references: list[str], hypotheses: list[str]
+    ) -> None:
         rows = ["| | source | reference | translation |", "|---|---|---|---|"]
         for i, (src, ref, hyp) in enumerate(zip(sources, references, hypotheses)):
             rows.append(f"| {i} | {_cell(src)} | {_cell(ref)} | {_cell(hyp)} |")
         self.writer.add_text("valid/samples", "\n".join(rows), step)
         self.writer.flush()
 
-    def write_attention(self, step: int, weights: torch.Tensor, src_pieces: list[str],
-                        tgt_pieces: list[str]) -> None:
+    def write_attention(
+        self, step: int, weights: torch.Tensor, src_pieces: list[str], tgt_pieces: list[str]
+    ) -> None:
         """`weights`: (T, S) attention weights in [0, 1] (rows: target positions, columns: source positions)."""
         if self.images:
-            image = weights.float().clamp(0, 1).repeat_interleave(_CELL_PIXELS, 0).repeat_interleave(_CELL_PIXELS, 1)
+            image = (
+                weights.float()
+                .clamp(0, 1)
+                .repeat_interleave(_CELL_PIXELS, 0)
+                .repeat_interleave(_CELL_PIXELS, 1)
+            )
             self.writer.add_image("valid/cross_attention", image, step, dataformats="HW")
-        self.writer.add_text("valid/cross_attention_labels",
-                             f"source (columns): {' '.join(src_pieces)}\n\n"
-                             f"target (rows): {' '.join(tgt_pieces)}", step)
+        self.writer.add_text(
+            "valid/cross_attention_labels",
+            f"source (columns): {' '.join(src_pieces)}\n\ntarget (rows): {' '.join(tgt_pieces)}",
+            step,
+        )
         self.writer.flush()
 
-    def write_validation(self, step: int, model: Transformer, tokenizer: Tokenizer, valid: ValidationSet,
-                         hypotheses: list[str], hypothesis_ids: list[list[int]], device: torch.device) -> None:
+    def write_validation(
+        self,
+        step: int,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        valid: ValidationSet,
+        hypotheses: list[str],
+        hypothesis_ids: list[list[int]],
+        device: torch.device,
+    ) -> None:
         """The first `SAMPLES` validation translations with their sources and references, and the cross-attention
         image of the first validation sentence's translation."""
         n = min(SAMPLES, len(hypotheses))
         sources = [source_text(tokenizer, valid.pairs.src(i).tolist()) for i in range(n)]
         self.write_samples(step, sources, valid.references[:n], hypotheses[:n])
         if hypothesis_ids:
-            weights, src_pieces, tgt_pieces = cross_attention(model, tokenizer, valid.pairs.src(0).tolist(),
-                                                              hypothesis_ids[0], device)
+            weights, src_pieces, tgt_pieces = cross_attention(
+                model, tokenizer, valid.pairs.src(0).tolist(), hypothesis_ids[0], device
+            )
             self.write_attention(step, weights, src_pieces, tgt_pieces)
 
     def close(self) -> None:
@@ -126,8 +151,13 @@ class TensorBoardLog:
 
 
 @torch.no_grad()
-def cross_attention(model: Transformer, tokenizer: Tokenizer, src_ids: list[int], tgt_ids: list[int],
-                    device: torch.device) -> tuple[torch.Tensor, list[str], list[str]]:
+def cross_attention(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    src_ids: list[int],
+    tgt_ids: list[int],
+    device: torch.device,
+) -> tuple[torch.Tensor, list[str], list[str]]:
     """The last decoder layer's encoder-decoder attention, averaged over heads, when the model reads `tgt_ids`
     (its translation of `src_ids`, eos included) after bos: a (len(tgt_ids) + 1, len(src_ids)) tensor, with the
     source pieces and the predicted target pieces (eos last) as labels. Leaves the model in eval mode."""

@@ -45,7 +45,13 @@ from ..fast.compiled import uncompiled
 from ..fast.dropout import use_fast_cpu_dropout
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from .checkpoint import TrainState, check_no_earlier_run, checkpoint_path, restore, save_training_checkpoint
+from .checkpoint import (
+    TrainState,
+    check_no_earlier_run,
+    checkpoint_path,
+    restore,
+    save_training_checkpoint,
+)
 from .data import MixedEpochs, ValidationSet, epoch_batches, prepare_data, training_epochs
 from .distributed import Distributed, data_parallel, init_distributed
 from .init_from import InitSource
@@ -64,29 +70,54 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
     training, data, dist = run.config.training, run.train_data, run.dist
     run.module.train()
     window_start = time.perf_counter()
-    carried = (state.window_tokens, state.window_src_tokens)  # resumed mid-window: counted before window_start
+    carried = (
+        state.window_tokens,
+        state.window_src_tokens,
+    )  # resumed mid-window: counted before window_start
     resumed_elapsed, loop_start = state.elapsed_s, time.perf_counter()
-    while state.step < training.max_steps and not (training.max_epochs and state.epoch >= training.max_epochs):
+    while state.step < training.max_steps and not (
+        training.max_epochs and state.epoch >= training.max_epochs
+    ):
         pairs = data.epoch(state.epoch)  # the token cache, or this epoch's subword sample
         batches = epoch_batches(pairs, run.config, state.epoch)
         if _goes_past(run, state, len(batches)):
-            data.prefetch(state.epoch + 1)  # the next epoch's subword sample, built while this one trains
+            data.prefetch(
+                state.epoch + 1
+            )  # the next epoch's subword sample, built while this one trains
         while state.batch_in_epoch < len(batches) and state.step < training.max_steps:
-            update = _next_update(run, batches, state)  # the batches of one update, over all processes
+            update = _next_update(
+                run, batches, state
+            )  # the batches of one update, over all processes
             if update is None:
                 break
-            n_tokens = int(sum(pairs.tgt_lengths[indices].sum() for indices in update))  # over all processes
-            my_share = [pairs.batch(indices) for indices in update[dist.rank::dist.world_size]]
+            n_tokens = int(
+                sum(pairs.tgt_lengths[indices].sum() for indices in update)
+            )  # over all processes
+            my_share = [pairs.batch(indices) for indices in update[dist.rank :: dist.world_size]]
             my_share = [b.to(run.device) for b in my_share]  # pinned and non-blocking to a GPU
             set_lr(run.optimizer, learning_rate(state.step + 1, training, run.config.model.d_model))
-            result = train_step(run.module, run.optimizer, my_share, run.config, n_tokens, dist.world_size, run.scaler)
+            result = train_step(
+                run.module,
+                run.optimizer,
+                my_share,
+                run.config,
+                n_tokens,
+                dist.world_size,
+                run.scaler,
+            )
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
-            if result is None:  # not applied, not a step: the schedule and the intervals count applied updates
-                count_skipped_update(state, training.max_nonfinite_steps, run.scaler, checkpoint_path(run.run_dir))
+            if (
+                result is None
+            ):  # not applied, not a step: the schedule and the intervals count applied updates
+                count_skipped_update(
+                    state, training.max_nonfinite_steps, run.scaler, checkpoint_path(run.run_dir)
+                )
             else:
                 state.step += 1
                 state.nonfinite_in_a_row = state.skipped_in_a_row = 0
-                state.window_loss = state.window_loss + result[0]  # tensors: no device sync until logged
+                state.window_loss = (
+                    state.window_loss + result[0]
+                )  # tensors: no device sync until logged
                 state.window_nll = state.window_nll + result[1]
                 state.window_tokens += sum(b.n_tgt_tokens for b in my_share)
                 state.window_src_tokens += sum(b.n_src_tokens for b in my_share)
@@ -100,8 +131,14 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                     valid_start = time.perf_counter()
                     if _validate_and_save(run, state):
                         return  # early stopping
-                    window_start += time.perf_counter() - valid_start  # tokens/s counts training time only
-                elif training.save_every_steps and state.step % training.save_every_steps == 0 and dist.is_main:
+                    window_start += (
+                        time.perf_counter() - valid_start
+                    )  # tokens/s counts training time only
+                elif (
+                    training.save_every_steps
+                    and state.step % training.save_every_steps == 0
+                    and dist.is_main
+                ):
                     save_start = time.perf_counter()
                     run.save(state, keep_step_checkpoint=True)
                     window_start += time.perf_counter() - save_start
@@ -111,15 +148,20 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                     run.save(state)
                 raise TrainingInterrupted(
                     f"{stop.signal_name or 'another process was stopped'}: stopped at step {state.step}; saved "
-                    f"{checkpoint_path(run.run_dir)}. Resume with the same command and --resume (make train RESUME=1)")
+                    f"{checkpoint_path(run.run_dir)}. Resume with the same command and --resume (make train RESUME=1)"
+                )
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
-    if state.step % training.eval_every_steps and state.step < training.max_steps:  # stopped by max_epochs
+    if (
+        state.step % training.eval_every_steps and state.step < training.max_steps
+    ):  # stopped by max_epochs
         _validate_and_save(run, state)
 
 
-def train(config: Config, run_dir: str | Path, resume: bool = False, init: Optional[InitSource] = None) -> TrainState:
+def train(
+    config: Config, run_dir: str | Path, resume: bool = False, init: Optional[InitSource] = None
+) -> TrainState:
     """Train a Transformer as the config says, writing everything into run_dir.
 
     Under torchrun every process runs this; they split each update's batches, DDP averages
@@ -162,42 +204,85 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
     dist = init_distributed(device)
     device = _setup(config, dist, device)
     if init is not None and resume:
-        raise ConfigError("--init-from starts a new run; --resume continues one from its own last.pt")
-    tokenizer, train_cache, valid_data = prepare_data(config, run_dir, dist, init.tokenizer if init else None)
+        raise ConfigError(
+            "--init-from starts a new run; --resume continues one from its own last.pt"
+        )
+    tokenizer, train_cache, valid_data = prepare_data(
+        config, run_dir, dist, init.tokenizer if init else None
+    )
     train_data = training_epochs(config, run_dir, tokenizer, train_cache, dist)
     if dist.is_main:
         save_config(config, run_dir / "config.yaml")
     model = Transformer(config.model)
     if init is not None:
         model.load_state_dict(init.model_state)
-        logger.info("fine-tuning: weights and tokenizer from %s (sha256 %s)", init.path, init.sha256[:16])
+        logger.info(
+            "fine-tuning: weights and tokenizer from %s (sha256 %s)", init.path, init.sha256[:16]
+        )
     model = model.to(device)
     if device.type == "cpu":
-        use_fast_cpu_dropout(model)  # nn.Dropout -> a faster CPU mask (fast/dropout.py); the same model otherwise
+        use_fast_cpu_dropout(
+            model
+        )  # nn.Dropout -> a faster CPU mask (fast/dropout.py); the same model otherwise
     optimizer = build_optimizer(model, config.training, device)
     # fp16 is never what precision "auto" resolves to: whether the run has a loss scaler is known here.
     scaler = torch.amp.GradScaler("cuda") if config.training.precision == "fp16" else None
-    state = restore(run_dir, model, optimizer, config, device, dist, scaler) if resume else TrainState()
+    state = (
+        restore(run_dir, model, optimizer, config, device, dist, scaler) if resume else TrainState()
+    )
     config = _resolve_precision(config, state, device, dist)
     module: nn.Module = LossComputation(model, config.training.label_smoothing)
     if dist.is_distributed:
         module = data_parallel(module, device)
     if config.training.compile:
         module = torch.compile(module)
-    logger.info("model: %d parameters; device %s; %d process(es); %d training pairs", model.num_parameters(),
-                device, dist.world_size, len(train_data))
-    metrics = MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None) if dist.is_main else None
-    board = (TensorBoardLog(run_dir / "tensorboard", state.step + 1 if resume else None)
-             if dist.is_main and wants_tensorboard(config) else None)
-    run = TrainingRun(model, module, optimizer, scaler, tokenizer, train_data, valid_data, config, run_dir, device,
-                      dist, metrics, board)
+    logger.info(
+        "model: %d parameters; device %s; %d process(es); %d training pairs",
+        model.num_parameters(),
+        device,
+        dist.world_size,
+        len(train_data),
+    )
+    metrics = (
+        MetricsLog(run_dir / "metrics.jsonl", state.step if resume else None)
+        if dist.is_main
+        else None
+    )
+    board = (
+        TensorBoardLog(run_dir / "tensorboard", state.step + 1 if resume else None)
+        if dist.is_main and wants_tensorboard(config)
+        else None
+    )
+    run = TrainingRun(
+        model,
+        module,
+        optimizer,
+        scaler,
+        tokenizer,
+        train_data,
+        valid_data,
+        config,
+        run_dir,
+        device,
+        dist,
+        metrics,
+        board,
+    )
     try:
         # A progress bar on a terminal; redirected to a file, a plain log line per log interval instead (a bar
         # would write thousands of carriage returns into one line).
         on_terminal = sys.stderr.isatty()
-        with StopRequest() as stop, tqdm(total=config.training.max_steps, initial=state.step, unit="step",
-                                         dynamic_ncols=True, mininterval=1.0,
-                                         disable=not dist.is_main or not on_terminal) as bar:
+        with (
+            StopRequest() as stop,
+            tqdm(
+                total=config.training.max_steps,
+                initial=state.step,
+                unit="step",
+                dynamic_ncols=True,
+                mininterval=1.0,
+                disable=not dist.is_main or not on_terminal,
+            ) as bar,
+        ):
             training_loop(run, state, stop, bar)
     finally:
         train_data.close()
@@ -206,10 +291,15 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
     return state
 
 
-def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], config: Config,
-               n_tokens: Optional[int] = None, world_size: int = 1,
-               scaler: Optional[torch.amp.GradScaler] = None
-               ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def train_step(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[Batch],
+    config: Config,
+    n_tokens: Optional[int] = None,
+    world_size: int = 1,
+    scaler: Optional[torch.amp.GradScaler] = None,
+) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Forward/backward over `batches` (gradient accumulation), clip, and update.
 
     Args:
@@ -236,7 +326,9 @@ def train_step(module: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
     for i, batch in enumerate(batches):
         skip_sync = is_ddp and i < len(batches) - 1  # no all-reduce on the accumulation steps
         with ddp.no_sync() if skip_sync else contextlib.nullcontext():
-            with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with torch.autocast(
+                device_type, dtype=dtype or torch.float32, enabled=dtype is not None
+            ):
                 loss, nll = batch_loss(module, batch)
             scaled = loss * (world_size / n_tokens)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -285,52 +377,79 @@ class TrainingRun:
     tensorboard: Optional[TensorBoardLog] = None
     """None on every process but rank 0, and when `training.tensorboard` is off."""
 
-    def save(self, state: TrainState, is_best: bool = False, keep_step_checkpoint: bool = False) -> None:
+    def save(
+        self, state: TrainState, is_best: bool = False, keep_step_checkpoint: bool = False
+    ) -> None:
         """Write last.pt (and best.pt, step_N.pt): `save_training_checkpoint` with this run's parts."""
-        save_training_checkpoint(self.run_dir, self.model, self.optimizer, self.tokenizer, self.config, state,
-                                 is_best=is_best, keep_step_checkpoint=keep_step_checkpoint, scaler=self.scaler,
-                                 device=self.device)
+        save_training_checkpoint(
+            self.run_dir,
+            self.model,
+            self.optimizer,
+            self.tokenizer,
+            self.config,
+            state,
+            is_best=is_best,
+            keep_step_checkpoint=keep_step_checkpoint,
+            scaler=self.scaler,
+            device=self.device,
+        )
 
 
 def _setup(config: Config, dist: Distributed, device: torch.device) -> torch.device:
     """Seeds, threads and determinism for this process; its device (GPU LOCAL_RANK under torchrun on CUDA)."""
     random.seed(config.training.seed + dist.rank)
-    torch.manual_seed(config.training.seed + dist.rank)  # dropout differs per process; DDP syncs the weights
+    torch.manual_seed(
+        config.training.seed + dist.rank
+    )  # dropout differs per process; DDP syncs the weights
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
     if config.training.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at the process's first cuBLAS call
+        os.environ.setdefault(
+            "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+        )  # read at the process's first cuBLAS call
         torch.use_deterministic_algorithms(True)
     if device.type == "cuda" and dist.is_distributed:
         device = torch.device("cuda", dist.local_rank)
     if config.training.precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"training.precision: fp16 needs a CUDA device (this run is on {device}); "
-                          "use bf16 or fp32")
+        raise ConfigError(
+            f"training.precision: fp16 needs a CUDA device (this run is on {device}); "
+            "use bf16 or fp32"
+        )
     return device
 
 
-def _resolve_precision(config: Config, state: TrainState, device: torch.device, dist: Distributed) -> Config:
+def _resolve_precision(
+    config: Config, state: TrainState, device: torch.device, dist: Distributed
+) -> Config:
     """The config with `training.precision: auto` replaced by what it means here (measured by rank 0 and shared,
     or taken from the resumed state so that a resumed run computes as before)."""
     if config.training.precision == "bf16" and device.type in ("cpu", "cuda") and dist.is_main:
         _, reason = resolve_precision("bf16", device)
-        (logger.warning if "faster" in reason else logger.info)("training.precision: bf16 %s", reason)
+        (logger.warning if "faster" in reason else logger.info)(
+            "training.precision: bf16 %s", reason
+        )
     if config.training.precision != "auto":
         return config
     if state.precision:
         precision, reason = state.precision, "kept from the resumed run"
     else:
-        precision, reason = dist.broadcast(resolve_precision("auto", device) if dist.is_main else None)
+        precision, reason = dist.broadcast(
+            resolve_precision("auto", device) if dist.is_main else None
+        )
         state.precision = precision
     logger.info("training.precision: auto -> %s (%s)", precision, reason)
-    return dataclasses.replace(config, training=dataclasses.replace(config.training, precision=precision))
+    return dataclasses.replace(
+        config, training=dataclasses.replace(config.training, precision=precision)
+    )
 
 
-def _next_update(run: TrainingRun, batches: list[np.ndarray], state: TrainState) -> Optional[list[np.ndarray]]:
+def _next_update(
+    run: TrainingRun, batches: list[np.ndarray], state: TrainState
+) -> Optional[list[np.ndarray]]:
     """The batches of the next update over all processes, or None when the epoch's rest cannot give every
     process a batch (that short tail is skipped)."""
     size = run.config.training.accumulate_steps * run.dist.world_size
-    update = batches[state.batch_in_epoch:state.batch_in_epoch + size]
+    update = batches[state.batch_in_epoch : state.batch_in_epoch + size]
     if len(update) < run.dist.world_size:
         state.batch_in_epoch = len(batches)
         return None
@@ -347,11 +466,17 @@ def _goes_past(run: TrainingRun, state: TrainState, n_batches: int) -> bool:
     full, tail = divmod(n_batches - state.batch_in_epoch, training.accumulate_steps * world_size)
     updates_left = full + (tail >= world_size)
     return state.step + updates_left < training.max_steps and not (
-        training.max_epochs and state.epoch + 1 >= training.max_epochs)
+        training.max_epochs and state.epoch + 1 >= training.max_epochs
+    )
 
 
-def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm, carried: tuple[int, int] = (0, 0)
-                ) -> None:
+def _log_window(
+    run: TrainingRun,
+    elapsed: float,
+    state: TrainState,
+    bar: tqdm,
+    carried: tuple[int, int] = (0, 0),
+) -> None:
     """Sum the window over processes (the one device sync of the log interval) and write a "train" record.
 
     Args:
@@ -360,32 +485,62 @@ def _log_window(run: TrainingRun, elapsed: float, state: TrainState, bar: tqdm, 
             middle of a window): in the loss, not in the tokens/s.
     """
     loss, nll, tokens, src_tokens, carried_tokens, carried_src = run.dist.all_reduce_sum(
-        [float(state.window_loss), float(state.window_nll), state.window_tokens, state.window_src_tokens, *carried],
-        run.device)
-    grad_norm = float(state.window_grad_norm) / max(state.window_updates, 1)  # the same on every process
+        [
+            float(state.window_loss),
+            float(state.window_nll),
+            state.window_tokens,
+            state.window_src_tokens,
+            *carried,
+        ],
+        run.device,
+    )
+    grad_norm = float(state.window_grad_norm) / max(
+        state.window_updates, 1
+    )  # the same on every process
     state.window_loss = state.window_nll = state.window_grad_norm = 0.0
     state.window_tokens = state.window_src_tokens = state.window_updates = 0
     if not tokens or run.metrics is None:
         return
     lr = run.optimizer.param_groups[0]["lr"]
-    record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": round(loss / tokens, 4),
-              "nll": round(nll / tokens, 4), "ppl": round(math.exp(min(nll / tokens, 50)), 2), "lr": lr,
-              "grad_norm": round(grad_norm, 4),
-              "tgt_tokens_per_s": round((tokens - carried_tokens) / elapsed, 1),
-              "src_tgt_tokens_per_s": round((tokens - carried_tokens + src_tokens - carried_src) / elapsed, 1),
-              "skipped_updates": state.n_skipped_updates, "elapsed_s": round(state.elapsed_s, 1)}
+    record = {
+        "type": "train",
+        "step": state.step,
+        "epoch": state.epoch,
+        "loss": round(loss / tokens, 4),
+        "nll": round(nll / tokens, 4),
+        "ppl": round(math.exp(min(nll / tokens, 50)), 2),
+        "lr": lr,
+        "grad_norm": round(grad_norm, 4),
+        "tgt_tokens_per_s": round((tokens - carried_tokens) / elapsed, 1),
+        "src_tgt_tokens_per_s": round(
+            (tokens - carried_tokens + src_tokens - carried_src) / elapsed, 1
+        ),
+        "skipped_updates": state.n_skipped_updates,
+        "elapsed_s": round(state.elapsed_s, 1),
+    }
     if run.scaler is not None:
         record["loss_scale"] = run.scaler.get_scale()
     run.metrics.write(record)
     if run.tensorboard is not None:
         run.tensorboard.write(record)
     if bar.disable:
-        logger.info("step %d/%d: loss %.3f, ppl %.2f, lr %.2e, grad_norm %.3f, %.0f tgt tokens/s", state.step,
-                    run.config.training.max_steps, record["loss"], record["ppl"], lr, grad_norm,
-                    record["tgt_tokens_per_s"])
+        logger.info(
+            "step %d/%d: loss %.3f, ppl %.2f, lr %.2e, grad_norm %.3f, %.0f tgt tokens/s",
+            state.step,
+            run.config.training.max_steps,
+            record["loss"],
+            record["ppl"],
+            lr,
+            grad_norm,
+            record["tgt_tokens_per_s"],
+        )
     else:
-        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
-                        tok_s=f"{record['tgt_tokens_per_s']:.0f}")
+        bar.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            lr=f"{lr:.2e}",
+            grad_norm=f"{grad_norm:.3f}",
+            tok_s=f"{record['tgt_tokens_per_s']:.0f}",
+        )
 
 
 def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
@@ -396,26 +551,43 @@ def _validate_and_save(run: TrainingRun, state: TrainState) -> bool:
         result = validate(run.model, run.tokenizer, run.valid_data, run.config, run.device)
         hypotheses, hypothesis_ids = result.pop("hypotheses"), result.pop("hypothesis_ids")
         if run.tensorboard is not None:
-            run.tensorboard.write_validation(state.step, run.model, run.tokenizer, run.valid_data, hypotheses,
-                                             hypothesis_ids, run.device)
+            run.tensorboard.write_validation(
+                state.step,
+                run.model,
+                run.tokenizer,
+                run.valid_data,
+                hypotheses,
+                hypothesis_ids,
+                run.device,
+            )
         run.module.train()
         is_best = result["bleu"] > state.best_bleu
         if is_best:
             state.best_bleu, state.evals_without_improvement = result["bleu"], 0
         else:
             state.evals_without_improvement += 1
-        record = {"type": "valid", "step": state.step, "epoch": state.epoch, **result, "best_bleu": state.best_bleu,
-                  "valid_s": round(time.perf_counter() - start, 1), "elapsed_s": round(state.elapsed_s, 1)}
+        record = {
+            "type": "valid",
+            "step": state.step,
+            "epoch": state.epoch,
+            **result,
+            "best_bleu": state.best_bleu,
+            "valid_s": round(time.perf_counter() - start, 1),
+            "elapsed_s": round(state.elapsed_s, 1),
+        }
         run.metrics.write(record)
         if run.tensorboard is not None:
             run.tensorboard.write(record)
-        tqdm.write(f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
-                   f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})")
+        tqdm.write(
+            f"step {state.step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f} "
+            f"BLEU {result['bleu']:.2f} (best {state.best_bleu:.2f})"
+        )
         run.save(state, is_best=is_best, keep_step_checkpoint=True)
         patience = run.config.training.patience
         stop = bool(patience and state.evals_without_improvement >= patience)
         if stop:
             tqdm.write(f"early stopping: no BLEU improvement in {patience} validations")
     state.best_bleu, state.evals_without_improvement, stop = run.dist.broadcast(
-        (state.best_bleu, state.evals_without_improvement, stop))
+        (state.best_bleu, state.evals_without_improvement, stop)
+    )
     return stop

@@ -24,8 +24,13 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, config: Config,
-             device: torch.device) -> dict[str, Any]:
+def validate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    valid: ValidationSet,
+    config: Config,
+    device: torch.device,
+) -> dict[str, Any]:
     """Validation loss and perplexity (teacher forcing) and BLEU/chrF of greedy decodes of the first
     `data.valid_max_sentences` sentences (all if 0). Leaves the model in eval mode.
 
@@ -46,31 +51,61 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, con
         loss, nll = batch_loss(loss_module, batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         n_tokens += batch.n_tgt_tokens
-    chosen = [range(start, min(end, start + config.data.valid_max_sentences) if config.data.valid_max_sentences
-                    else end) for _, start, end in valid.corpora]
+    chosen = [
+        range(
+            start,
+            min(end, start + config.data.valid_max_sentences)
+            if config.data.valid_max_sentences
+            else end,
+        )
+        for _, start, end in valid.corpora
+    ]
     translator = Translator(PyTorchEngine(model, tokenizer, config, device))
     greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
-    hyps = translator.decode_ids([pairs.src(i).tolist() for r in chosen for i in r], greedy, scores=False)  # BLEU only
+    hyps = translator.decode_ids(
+        [pairs.src(i).tolist() for r in chosen for i in r], greedy, scores=False
+    )  # BLEU only
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
     per_corpus, done = {}, 0
     for (corpus, _, _), indices in zip(valid.corpora, chosen):
-        per_corpus[corpus] = corpus_scores(texts[done:done + len(indices)], [valid.references[i] for i in indices],
-                                           corpus.tgt_lang)
+        per_corpus[corpus] = corpus_scores(
+            texts[done : done + len(indices)],
+            [valid.references[i] for i in indices],
+            corpus.tgt_lang,
+        )
         done += len(indices)
     scores = list(per_corpus.values())
     nll = total_nll / n_tokens
     # the mean over the corpora picks best.pt and drives early stopping
-    result = {"loss": total_loss / n_tokens, "nll": nll, "ppl": math.exp(min(nll, 50)),
-              "bleu": sum(s.bleu for s in scores) / len(scores), "chrf": sum(s.chrf for s in scores) / len(scores),
-              "bleu_signature": scores[0].bleu_signature, "n_sentences": len(texts), "hypotheses": texts,
-              "hypothesis_ids": [list(h[0].tokens) for h in hyps]}
-    named = {corpus.name: s for corpus, s in per_corpus.items() if corpus.name}  # a multilingual run's directions
+    result = {
+        "loss": total_loss / n_tokens,
+        "nll": nll,
+        "ppl": math.exp(min(nll, 50)),
+        "bleu": sum(s.bleu for s in scores) / len(scores),
+        "chrf": sum(s.chrf for s in scores) / len(scores),
+        "bleu_signature": scores[0].bleu_signature,
+        "n_sentences": len(texts),
+        "hypotheses": texts,
+        "hypothesis_ids": [list(h[0].tokens) for h in hyps],
+    }
+    named = {
+        corpus.name: s for corpus, s in per_corpus.items() if corpus.name
+    }  # a multilingual run's directions
     if named:
-        result["directions"] = {name: {"bleu": s.bleu, "chrf": s.chrf, "n_sentences": s.n_sentences}
-                                for name, s in named.items()}
+        result["directions"] = {
+            name: {"bleu": s.bleu, "chrf": s.chrf, "n_sentences": s.n_sentences}
+            for name, s in named.items()
+        }
         for name, s in named.items():
-            logger.info("valid %s: BLEU %.2f chrF %.2f (%d sentences)", name, s.bleu, s.chrf, s.n_sentences)
-        logger.info("valid: mean of %d directions BLEU %.2f chrF %.2f", len(named), result["bleu"], result["chrf"])
+            logger.info(
+                "valid %s: BLEU %.2f chrF %.2f (%d sentences)", name, s.bleu, s.chrf, s.n_sentences
+            )
+        logger.info(
+            "valid: mean of %d directions BLEU %.2f chrF %.2f",
+            len(named),
+            result["bleu"],
+            result["chrf"],
+        )
     return result
 
 
