@@ -177,8 +177,9 @@ class DataConfig:
     """Sentencepiece algorithm: "bpe" or "unigram"."""
     spm_max_sentences: int = 1_000_000
     """Sentencepiece trains on a random sample of at most this many sentences per model: with a joint vocabulary,
-    both sides of spm_max_sentences / 2 random training pairs; otherwise each language's side of spm_max_sentences
-    random pairs. The sample is fixed by training.seed."""
+    spm_max_sentences / (number of languages) random sentences of each language (a bilingual run: both sides of
+    spm_max_sentences / 2 random training pairs; `training/data.py: joint_sample`); otherwise each language's side
+    of spm_max_sentences random pairs. The sample is fixed by training.seed."""
     max_len: int = 128
     """Training pairs with more than this many tokens on either side (eos included) are dropped."""
     max_tokens_per_batch: int = 4096

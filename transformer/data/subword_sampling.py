@@ -5,7 +5,7 @@ segmentation changes from epoch to epoch: sampled once, it is just another fixed
 `data.subword_sampling` every epoch e >= 1 gets its own encoding of the whole training split, written in the token
 cache's layout (`token_cache.py`: flat id files with offsets, memory-mapped, renamed into place when complete) to
 
-    RUN_DIR/subword_samples/epoch_{e}/
+    RUN_DIR/subword_samples/epoch_{e}/            (a multilingual run: RUN_DIR/subword_samples/{direction}/epoch_{e}/)
 
 by a background process that starts when epoch e - 1 starts (a new interpreter that imports neither torch nor the
 caller's main module), `CHUNK_PAIRS` pairs at a time, so its memory stays bounded whatever the corpus size. With

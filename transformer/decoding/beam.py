@@ -12,7 +12,7 @@ All sentences of a batch are searched together as `batch x beam_size` rows. One 
 
 Score (reported and compared): the sum of the token log-probabilities (eos included when finished),
 divided by the GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14), where |Y| counts
-the generated tokens, eos included. α = 0 gives the plain sum. Length cap: `greedy.max_output_lengths`,
+the generated tokens, eos included. α = 0 gives the plain sum. Length cap: `rules.max_output_lengths`,
 counted in decoding steps (eos included), and the rules on the next token (`rules.NextTokenRules`) are those of
 greedy decoding and sampling.
 """

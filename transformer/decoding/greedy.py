@@ -32,11 +32,14 @@ def keep_unfinished(
 
     Args:
         tokens: `(len(alive),)` this step's token of each row.
-        alive: the output index of each row; outputs, finished, max_lengths: per output, updated in place.
+        alive: the output index of each row.
+        outputs, finished: per output, its tokens and whether it ended with eos; updated in place.
+        max_lengths: per output, the most tokens its output may hold (read only): a row stops there.
+        cache: the decoder's cache, whose rows are kept with the rows that go on.
 
     Returns:
-        The rows still decoding and their last tokens `(len(kept),)`; when none is left, an empty list and `tokens`
-        as given.
+        The output indices of the rows that go on and their tokens of this step `(len(kept),)`: the next step's
+        input. When every row goes on, or none does, `tokens` is returned as given.
     """
     keep = []
     for row, (i, token) in enumerate(zip(alive, tokens.tolist())):

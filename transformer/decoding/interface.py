@@ -1,7 +1,8 @@
 """What the searches need from a model: `IncrementalDecoder`, one step at a time on a cache.
 
 The readable `model.Transformer` implements it, and so do the CPU speed paths of `transformer/fast/`
-(`CPUDecoder`, `CompiledDecoder`); greedy and beam search take any of them.
+(`CPUDecoder`, `CompiledDecoder`) and an ensemble of models (`ensemble.py`); greedy decoding, beam search and
+sampling take any of them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Options are declared once, as the fields of `DecodingConfig` (with their one-line help). From them come the
 command line's decoding flags (`cli.py`: `--beam-size`, ...), the server's request fields (`serve/app.py`) and the
-keywords of `Translator.translate`; `tests/test_decoding_options.py` holds all three to the fields. The exceptions:
+keywords of `Translator.translate`; `tests/test_option_surfaces.py` holds all three to the fields. The exceptions:
 
 - `transformer translate` takes every option; `evaluate` and `attention` all but n_best (they score or draw the
   best translation);
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from ..config import ConfigError, DecodingConfig, OptionError
 
@@ -77,7 +77,7 @@ def distinct_first(texts: list[str], n: int, finished: Optional[list[bool]] = No
     return [i for group in groups for i in group][:n]
 
 
-def decoding_options(base: DecodingConfig, **overrides: Optional[float]) -> DecodingConfig:
+def decoding_options(base: DecodingConfig, **overrides: Any) -> DecodingConfig:
     """`base` with the given (non-None) overrides, validated; a beam_size without n_best caps n_best at it, and
     sampling without a beam_size sets it to 1.
 

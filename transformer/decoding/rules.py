@@ -45,7 +45,7 @@ def max_output_lengths(
     counted after its forced prefix (if any: the prefix's tokens are added), clipped to [1, max_positions - 1].
     Every search runs at most max_len steps for it: a hypothesis that ends with eos within them has at most
     max_len - 1 tokens before its eos (`Hypothesis.finished` True); one that has produced max_len tokens without eos
-    is cut there (`finished` False, counted in `TranslationStats.n_hit_max_len`). A prefix itself is never cut: the
+    is cut there (`finished` False, counted in `Translation.n_hit_max_len`). A prefix itself is never cut: the
     text layer refuses one of more than max_positions - 2 tokens (`translate.Translator`).
 
     Args:

@@ -6,7 +6,9 @@
     several paths                  an ensemble of the above but CTranslate2 folders -> PyTorchEngine
 
 Any other folder is refused in one line that says what was expected. A MarianMT folder is converted once, here, into
-our model and tokenizer; nothing past this point knows it came from one.
+our model and tokenizer; nothing past this point knows it came from one, but its languages, which its files may
+not name, are the placeholders `src` and `tgt` (`hf.UNKNOWN_PAIR`) wherever languages are shown (/health, a
+refused tgt_lang).
 """
 
 from __future__ import annotations
