@@ -91,7 +91,7 @@ from transformer.device import matmul_seconds  # noqa: E402
 from transformer.engines import PyTorchEngine  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.tokenizer import Tokenizer  # noqa: E402
-from transformer.training.data import epoch_batches, prepare_data  # noqa: E402
+from transformer.training.data import epoch_batches, prepare_data, training_epochs  # noqa: E402
 from transformer.training.loss import LossComputation  # noqa: E402
 from transformer.training.optim import build_optimizer, learning_rate, set_lr  # noqa: E402
 from transformer.training.trainer import train_step  # noqa: E402
@@ -245,7 +245,8 @@ def measure_training(config_path: str, sets: list[str], precision: str, work: Pa
                      args: argparse.Namespace, peak_tflops: Optional[float]) -> tuple[dict, Transformer, Tokenizer]:
     config = load_config(config_path, [*sets, f"training.precision={precision}", f"training.device={device.type}"])
     torch.manual_seed(config.training.seed)
-    tokenizer, train, _ = prepare_data(config, work / "prepared")
+    tokenizer, caches, _ = prepare_data(config, work / "prepared")
+    train = training_epochs(config, work / "prepared", tokenizer, caches).epoch(0)  # as the first epoch trains
     held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # e.g. the model kept for decoding
     model = Transformer(config.model).to(device)
     optimizer = build_optimizer(model, config.training, device)

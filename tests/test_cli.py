@@ -252,7 +252,7 @@ def test_a_bug_keeps_its_traceback(trained_run, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("an internal bug")
 
-    monkeypatch.setattr(Translator, "translate_n_best", broken)
+    monkeypatch.setattr(Translator, "run", broken)
     with pytest.raises(ValueError, match="an internal bug"):
         main(["translate", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "Hallo"])
 
@@ -495,13 +495,13 @@ def test_a_pipe_reader_gets_the_first_lines_after_a_short_chunk(trained_run, mul
     source = tmp_path / "in.de"
     source.write_text("\n".join(lines * 10) + "\n")
     decoded: list[int] = []
-    real = Translator.translate_n_best
+    real = Translator.run
 
-    def counted(self, sentences, **options):
-        decoded.append(len(sentences))
-        return real(self, sentences, **options)
+    def counted(self, request, **options):
+        decoded.append(len(request))
+        return real(self, request, **options)
 
-    monkeypatch.setattr(Translator, "translate_n_best", counted)
+    monkeypatch.setattr(Translator, "run", counted)
     ckpt = str(trained_run / "checkpoints" / "best.pt")
     assert main(["translate", "--checkpoint", ckpt, "--input", str(source), "--output", str(tmp_path / "o")]) == 0
     assert decoded == [1000]

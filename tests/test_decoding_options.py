@@ -197,14 +197,17 @@ def test_ensembles_from_the_cli_and_their_refusals(trained_run, checkpoint, line
 def test_alignments_cover_every_target_word_within_the_source(checkpoint, lines, capsys):
     translator = Translator.from_checkpoint(checkpoint)
     translations = translator.translate(lines[:10])
-    for line, text, pairs in zip(lines, translations, translator.align(lines[:10], translations)):
+
+    def align(sentences, texts):
+        return translator.align(translator.request(sentences, translator.resolve_options()), texts)
+    for line, text, pairs in zip(lines, translations, align(lines[:10], translations)):
         assert {j for _, j in pairs} == set(range(len(text.split())))  # each target word aligned
         assert all(0 <= i < len(line.split()) for i, _ in pairs)
     assert main(["translate", "--checkpoint", str(checkpoint), "--alignment", *lines[:3]]) == 0
     printed = [row.split("\t") for row in capsys.readouterr().out.splitlines()]
     assert [text for text, _ in printed] == translations[:3]
     assert [links for _, links in printed] == [" ".join(f"{i}-{j}" for i, j in pairs)
-                                               for pairs in translator.align(lines[:3], translations[:3])]
+                                               for pairs in align(lines[:3], translations[:3])]
 
 
 def test_server_alignments(checkpoint, lines):
@@ -216,5 +219,6 @@ def test_server_alignments(checkpoint, lines):
     translator = Translator.from_checkpoint(checkpoint)
     with TestClient(create_app(translator, checkpoints=[str(checkpoint)])) as client:
         body = client.post("/translate", json={"text": lines[:2], "alignment": True}).json()
+        request = translator.request(lines[:2], translator.resolve_options())
         assert body["alignments"] == [[list(p) for p in pairs]
-                                      for pairs in translator.align(lines[:2], body["translations"])]
+                                      for pairs in translator.align(request, body["translations"])]

@@ -110,7 +110,8 @@ def test_over_long_inputs_are_truncated_by_one_rule_and_said_everywhere(translat
     assert data["truncated"] and len(data["src_pieces"]) == limit == len(data["cross"][0][0][0])
     assert data["src_pieces"][:-1] == [translator.tokenizer.id_to_piece(i, "src") for i in head]
     assert not attention_for(translator, "Ein Hund.")["truncated"]
-    (pairs,) = translator.align([long], [translator.translate([long], beam_size=1)[0]])
+    request = translator.request([long], translator.resolve_options(beam_size=1))
+    (pairs,) = translator.align(request, translator.run(request).texts)
     assert max(s for s, _ in pairs) < len(" ".join(translator.tokenizer.src.decode(head).split()).split())
 
 
@@ -134,7 +135,7 @@ def test_an_interrupted_translate_keeps_what_it_translated_and_never_an_empty_ou
     out = tmp_path / "out.en"
     out.write_text("an earlier translation\n")
     calls = []
-    real = Translator.translate_n_best
+    real = Translator.run
 
     def interrupted(self, *args, **kwargs):
         calls.append(1)
@@ -142,13 +143,13 @@ def test_an_interrupted_translate_keeps_what_it_translated_and_never_an_empty_ou
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "translate_n_best", interrupted)
+    monkeypatch.setattr(Translator, "run", interrupted)
     assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.de"), "--output",
                  str(out), "--buffer-size", "2"]) == 130
     assert out.read_text() == "an earlier translation\n"  # untouched
     partial = tmp_path / "out.en.partial"
     assert len(partial.read_text().splitlines()) == 2 and str(partial) in capsys.readouterr().err
-    monkeypatch.setattr(Translator, "translate_n_best", real)
+    monkeypatch.setattr(Translator, "run", real)
     assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.de"), "--output",
                  str(out), "--buffer-size", "2"]) == 0
     assert len(out.read_text().splitlines()) == 6 and not partial.exists()

@@ -202,7 +202,7 @@ def test_unknown_paths_and_methods_and_server_faults_answer_json(translator, che
     with TestClient(create_app(translator, checkpoints=[str(checkpoint)]), raise_server_exceptions=False) as c:
         assert c.get("/nowhere").json()["field"] == "path"
         assert c.get("/translate").status_code == 405 and c.get("/translate").json()["field"] == "method"
-        monkeypatch.setattr(translator, "translate_n_best", lambda *a, **k: 1 / 0)
+        monkeypatch.setattr(translator, "run", lambda *a, **k: 1 / 0)
         fault = c.post("/translate", json={"text": ["Ein Hund."], "prefix": ["A"]})
         assert fault.status_code == 500 and "ZeroDivisionError" in fault.json()["error"]
 
@@ -233,11 +233,11 @@ class GatedTranslator(Translator):
         super().__init__(translator.engine)
         self.calls, self.prefixes, self.gate = [], [], threading.Event()
 
-    def translate_n_best(self, sentences, *args, prefixes=None, **options):
-        self.calls.append(list(sentences))
-        self.prefixes.append(prefixes)
+    def run(self, request, *args, **options):
+        self.calls.append(list(request.sentences))
+        self.prefixes.append(request.prefixes)
         assert self.gate.wait(60), "the test never opened the gate"
-        return super().translate_n_best(sentences, *args, prefixes=prefixes, **options)
+        return super().run(request, *args, **options)
 
 
 def _wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
