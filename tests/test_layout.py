@@ -26,7 +26,7 @@ ORDER = [
     "decoding.beam", "decoding.sampling", "decoding.search", "decoding.ensemble", "decoding.alignment",
     "decoding.options", "decoding",
     "engines.base", "engines.pytorch", "engines.ctranslate2", "engines.open", "engines",
-    "passthrough", "request", "translate", "evaluate",
+    "passthrough", "request", "translate", "evaluate", "synthesize",
     "attention_plot", "plot", "serve.batching", "serve.service", "serve.app", "serve.server", "serve",
     "training.distributed", "training.average", "training.optim", "training.loss", "training.data",
     "training.checkpoint", "training.stop", "training.init_from", "training.validate", "training.tensorboard",

@@ -193,6 +193,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(translate)
     _add_engine_flags(translate)
 
+    synthesize = command(
+        "synthesize",
+        help="translate monolingual text into a parallel corpus for training (back-translation): deduplicated, "
+        "filtered, resumable",
+    )
+    synthesize.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="the model that translates, as translate's",
+    )
+    synthesize.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="monolingual text files (plain or .gz)",
+    )
+    synthesize.add_argument(
+        "--output",
+        required=True,
+        help="the corpus folder to write: train.LANG.gz of the input and of the output language, and "
+        "origin.json; the same command again after an interruption goes on where it stopped",
+    )
+    synthesize.add_argument(
+        "--input-lang",
+        help="the language of the input files (default: the model's source language)",
+    )
+    synthesize.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=2000,
+        help="lines translated between saves of the progress (2000)",
+    )
+    synthesize.add_argument(
+        "--max-length-ratio",
+        type=float,
+        default=3.0,
+        help="drop pairs where one side has more than this times the other's words (default 3)",
+    )
+    _add_decoding_flags(synthesize, exclude=("n_best",))
+    _add_engine_flags(synthesize)
+
     evaluate = command(
         "evaluate", help="translate a test set and score BLEU and chrF with sacrebleu"
     )
@@ -648,6 +691,64 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    """`transformer synthesize`: see `synthesize.py`. SIGTERM stops it as Ctrl-C does; both keep what was done."""
+    import signal
+
+    from .config.languages import language_pairs
+    from .synthesize import synthesize
+    from .translate import Translator
+
+    if args.chunk_lines < 1 or args.max_length_ratio < 1:
+        raise ConfigError("--chunk-lines must be positive and --max-length-ratio at least 1")
+    translator = Translator.from_checkpoint(
+        args.checkpoint,
+        device=args.device,
+        quantization=args.quantization,
+        workers=args.workers,
+        compile=args.compile,
+    )
+    options = translator.resolve_options(n_best=1, **_decoding_kwargs(args))
+    sources = list(dict.fromkeys(src for src, _ in language_pairs(translator.config.data)))
+    if not args.input_lang and len(sources) != 1:
+        raise ConfigError(
+            f"--input-lang: the model translates from {', '.join(sources)}: give the inputs' language"
+        )
+    _note_compile(args)
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        out, counts = synthesize(
+            translator,
+            args.input,
+            args.output,
+            options,
+            args.checkpoint,
+            args.input_lang or sources[0],
+            args.chunk_lines,
+            args.max_length_ratio,
+            progress=True,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"synthesize: stopped; the same command goes on after the last complete chunk of {args.chunk_lines} "
+            "lines",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    dropped = ", ".join(f"{n} {reason}" for reason, n in counts.dropped.items() if n) or "none"
+    print(
+        f"wrote {out}: {counts.kept} pairs of {counts.read} lines read ({counts.empty} empty, "
+        f"{counts.duplicate} repeats, dropped: {dropped})"
+    )
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .config.languages import target_languages
     from .engines import load_model
@@ -797,6 +898,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "average": cmd_average,
         "translate": cmd_translate,
         "evaluate": cmd_evaluate,
+        "synthesize": cmd_synthesize,
         "export": cmd_export,
         "attention": cmd_attention,
         "plot": cmd_plot,

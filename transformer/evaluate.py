@@ -220,8 +220,9 @@ def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:
     Raises:
         ConfigError: no direction for a model of several, or one the model does not have.
     """
-    named = [c.name for c in data.corpora if c.name]
-    found = [c for c in data.corpora if direction in (None, c.name or None)]
+    held_out = [c for c in data.corpora if c.held_out]  # synthetic corpora have no test split
+    named = [c.name for c in held_out if c.name]
+    found = [c for c in held_out if direction in (None, c.name or None)]
     if len(found) == 1:
         return found[0]
     if direction and not named:

@@ -154,6 +154,40 @@ def parse_direction(direction: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def check_synthetic(data: Any) -> None:
+    """The `DataConfig` checks of `synthetic` and `parallel_weight` (called by its `__post_init__`; the directions
+    and names are checked by `corpora_of`).
+
+    Raises:
+        ConfigError: a weight that is not positive, a tag with whitespace or written as a language token, or a tag
+            with data.joint_vocab false (the one vocabulary holds the tags as whole pieces).
+    """
+    _require(
+        data.parallel_weight > 0,
+        "data.parallel_weight",
+        f"must be positive, got {data.parallel_weight}",
+    )
+    for i, entry in enumerate(data.synthetic):
+        key = f"data.synthetic[{i}]"
+        _require(entry.weight > 0, f"{key}.weight", f"must be positive, got {entry.weight}")
+        _require(
+            bool(entry.name) and not any(c.isspace() or c == "/" for c in entry.name),
+            f"{key}.name",
+            f"a name without spaces or '/', got {entry.name!r}",
+        )
+        _require(
+            not any(c.isspace() for c in entry.tag) and not _WRITTEN_TOKEN.fullmatch(entry.tag),
+            f"{key}.tag",
+            f"one piece without spaces, not a language token (e.g. <bt>), got {entry.tag!r}",
+        )
+        _require(
+            not entry.tag or data.joint_vocab,
+            "data.joint_vocab",
+            f"{key}.tag {entry.tag} is a reserved piece "
+            "of one joint vocabulary: set data.joint_vocab: true (or tag: '' for none)",
+        )
+
+
 def check_directions(data: Any) -> None:
     """The `DataConfig` checks of `directions` and `direction_temperature` (called by its `__post_init__`).
 
@@ -214,7 +248,13 @@ class Corpus:
     """A piece put on each source after the language token, that marks the corpus's kind (tagged back-translation,
     Caswell et al. 2019); None: none."""
     weight: float = 1.0
-    """How much of each epoch the corpus gets relative to its size (1: in proportion to its pairs)."""
+    """How much of each epoch the corpus gets relative to its size (1: in proportion to its pairs;
+    `data/mixing.py`)."""
+    path: Optional[str] = None
+    """The folder of its files, when not data.path (a synthetic corpus: `data.synthetic`)."""
+    held_out: bool = True
+    """It has validation and test splits, scored during training and by `evaluate` (False: training pairs only, a
+    synthetic corpus)."""
 
     @property
     def source_pieces(self) -> tuple[str, ...]:
@@ -234,6 +274,9 @@ class Corpus:
             src_lang=self.src_lang,
             tgt_lang=self.tgt_lang,
             directions=[self.direction] if self.name else [],
+            path=self.path or data.path,
+            hf_dataset=None if self.path else data.hf_dataset,
+            synthetic=[],
         )
         object.__setattr__(view, "corpora", (self,))
         return view
@@ -241,18 +284,53 @@ class Corpus:
 
 def corpora_of(data: Any) -> tuple[Corpus, ...]:
     """The corpora of a data section, the one place that reads its short or long form: one per entry of
-    data.directions (named by it, with its target language's token), else (src_lang, tgt_lang) with no marks."""
+    data.directions (named by it, with its target language's token), else (src_lang, tgt_lang) with no marks; each
+    weighted data.parallel_weight. Then one per entry of data.synthetic, with its direction's languages and token,
+    its own tag, weight and folder, and no held-out splits.
+
+    Raises:
+        ConfigError: a synthetic corpus whose direction the run does not train, or whose name is taken.
+    """
+    weight = data.parallel_weight
     if data.directions:
-        return tuple(
-            Corpus(src, tgt, name=direction, language_token=language_token(tgt))
+        parallel = tuple(
+            Corpus(src, tgt, name=direction, language_token=language_token(tgt), weight=weight)
             for direction, (src, tgt) in ((d, parse_direction(d)) for d in data.directions)
         )
-    return (Corpus(data.src_lang, data.tgt_lang),)
+    else:
+        parallel = (Corpus(data.src_lang, data.tgt_lang, weight=weight),)
+    synthetic: list[Corpus] = []
+    for i, entry in enumerate(data.synthetic):
+        key = f"data.synthetic[{i}]"
+        found = [c for c in parallel if entry.direction in ("", c.direction)]
+        _require(
+            len(found) == 1,
+            f"{key}.direction",
+            f"{entry.direction!r} is not one direction of the run's "
+            f"{', '.join(c.direction for c in parallel)}: give the direction the corpus translates",
+        )
+        taken = {c.name for c in (*parallel, *synthetic)}
+        _require(
+            entry.name not in taken,
+            f"{key}.name",
+            f"{entry.name!r} is taken: give each corpus its own name",
+        )
+        synthetic.append(
+            dataclasses.replace(
+                found[0],
+                name=entry.name,
+                tag=entry.tag or None,
+                weight=entry.weight,
+                path=entry.path,
+                held_out=False,
+            )
+        )
+    return parallel + tuple(synthetic)
 
 
 def language_pairs(data: Any) -> list[tuple[str, str]]:
     """The (source, target) languages the run trains on, one per corpus."""
-    return [(corpus.src_lang, corpus.tgt_lang) for corpus in data.corpora]
+    return list(dict.fromkeys((corpus.src_lang, corpus.tgt_lang) for corpus in data.corpora))
 
 
 def describe(data: Any) -> str:

@@ -71,6 +71,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         _require(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
         return {str(k): _coerce(v, str, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):  # a section's entries of their own (data.synthetic)
+        kwargs = _section_kwargs(tp, value, key)
+        for f in dataclasses.fields(tp):
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            _require(not required or f.name in kwargs, f"{key}.{f.name}", "required")
+        return tp(**kwargs)
     if tp is bool:
         _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
         return value

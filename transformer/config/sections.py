@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import _require
-from .languages import Corpus, check_directions, corpora_of
+from .languages import Corpus, check_directions, check_synthetic, corpora_of
 
 # --------------------------------------------------------------------------------------------------
 # The model
@@ -133,6 +133,25 @@ class TransformerConfig:
 
 
 @dataclass(frozen=True)
+class SyntheticCorpusConfig:
+    """A corpus made by a model (`transformer synthesize`: back-translated text), trained on beside the parallel
+    data: an entry of `data.synthetic` (Sennrich et al. 2016; tagged: Caswell et al. 2019)."""
+
+    path: str
+    """Folder with `{train_split}.{src_lang}.gz` and `.{tgt_lang}.gz` (as `transformer synthesize` writes it, with
+    its origin.json); training pairs only."""
+    name: str = "bt"
+    """Names its token cache, its subword samples and its lines in the logs."""
+    tag: str = "<bt>"
+    """A reserved piece put first on each of its sources (after a language token), so that the model can tell
+    synthetic sources from real ones; "" for none. Translation never puts it."""
+    weight: float = 1.0
+    """Its share of an epoch: weight x its pairs, over the same for every corpus of the run (`data/mixing.py`)."""
+    direction: str = ""
+    """With data.directions: the direction it adds pairs to ("de-en"); "" for a run of one direction."""
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from and how it is tokenized and batched.
 
@@ -150,6 +169,11 @@ class DataConfig:
     """A multilingual run (docs/training.md): the "src-tgt" directions trained together, e.g. [de-en, fr-en, en-de];
     each source starts with its target language's token (`>>fra<<`, `config/languages.py`). Empty: one direction,
     src_lang -> tgt_lang with no token."""
+    synthetic: list[SyntheticCorpusConfig] = field(default_factory=list)
+    """Corpora made by a model, trained on beside the parallel data (`SyntheticCorpusConfig`); [] for none."""
+    parallel_weight: float = 1.0
+    """The parallel corpora's weight in each epoch against the synthetic ones (2: their pairs count twice, an
+    upsampling of the real data); with no synthetic corpus it changes nothing."""
     direction_temperature: float = 1.0
     """With directions: each epoch draws direction d's share of pairs with probability proportional to n_d^(1/T),
     n_d its training pairs (T >= 1; 1: in proportion to the sizes; 5 is common; large: uniform)."""
@@ -213,6 +237,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_directions(self)
+        check_synthetic(self)
         object.__setattr__(
             self, "corpora", corpora_of(self)
         )  # derived, not a field: saved configs keep their keys

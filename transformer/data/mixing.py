@@ -16,7 +16,7 @@ corpus: a batch mixes directions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -26,16 +26,23 @@ if TYPE_CHECKING:
     from .batching import Batch
 
 
-def direction_probabilities(sizes: list[int], temperature: float) -> np.ndarray:
-    """p_d = n_d^(1/T) / sum_k n_k^(1/T): `(len(sizes),)` float64, summing to 1."""
-    weights = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
-    return weights / weights.sum()
+def direction_probabilities(
+    sizes: list[int], temperature: float, weights: Optional[list[float]] = None
+) -> np.ndarray:
+    """p_d = w_d n_d^(1/T) / sum_k w_k n_k^(1/T), w the corpora's weights (1 each if None): `(len(sizes),)` float64,
+    summing to 1."""
+    scaled = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    if weights is not None:
+        scaled = scaled * np.asarray(weights, dtype=np.float64)
+    return scaled / scaled.sum()
 
 
-def direction_shares(sizes: list[int], temperature: float) -> np.ndarray:
+def direction_shares(
+    sizes: list[int], temperature: float, weights: Optional[list[float]] = None
+) -> np.ndarray:
     """Pairs of each direction in one epoch of sum(sizes) pairs: N * p_d rounded by largest remainders (they sum to
     N; ties go to the earlier direction). `(len(sizes),)` int64."""
-    exact = direction_probabilities(sizes, temperature) * sum(sizes)
+    exact = direction_probabilities(sizes, temperature, weights) * sum(sizes)
     shares = np.floor(exact).astype(np.int64)
     left = int(sum(sizes) - shares.sum())
     order = np.lexsort(
@@ -89,7 +96,12 @@ class MixedPairs:
 
 
 def mix_directions(
-    parts: list[EncodedPairs], sizes: list[int], temperature: float, seed: int, epoch: int
+    parts: list[EncodedPairs],
+    sizes: list[int],
+    temperature: float,
+    seed: int,
+    epoch: int,
+    weights: Optional[list[float]] = None,
 ) -> MixedPairs:
     """The pairs of one epoch: each direction's share (`direction_shares` of `sizes`) drawn from its pairs of this
     epoch (`parts`: the token cache, or this epoch's subword sample, whose size may differ a little from `sizes`),
@@ -100,11 +112,12 @@ def mix_directions(
         sizes: each direction's pairs in its token cache (the n_d of the probabilities; the same every epoch).
         temperature: data.direction_temperature.
         seed, epoch: training.seed and the epoch number.
+        weights: each part's weight (`Corpus.weight`; None: 1 each).
     """
     rng = np.random.default_rng(
         [seed, epoch, 0x6D6978]
     )  # a stream apart from the batch order's ([seed, epoch])
-    shares = direction_shares(sizes, temperature)
+    shares = direction_shares(sizes, temperature, weights)
     index = [draw_indices(len(part), int(share), rng) for part, share in zip(parts, shares)]
     direction = np.concatenate([np.full(len(i), d, dtype=np.int64) for d, i in enumerate(index)])
     return MixedPairs(parts, direction, np.concatenate(index))

@@ -20,7 +20,7 @@ import torch
 
 from ..checkpoint import load_for_inference
 from ..config import Config, OptionError
-from ..config.languages import Corpus, describe
+from ..config.languages import describe
 from ..ct2 import METADATA, is_ctranslate2_dir
 from ..device import resolve_device
 from ..files import CheckpointError
@@ -138,9 +138,16 @@ def _check_ensemble(
                 f"an ensemble needs one tokenizer and vocabulary: {paths[0]} and {path} have "
                 "different ones"
             )
-        corpora = {config.data.corpora, data.corpora}
-        if len(corpora) > 1 and (Corpus(*UNKNOWN_PAIR),) not in corpora:
+        translated = {_translated(config), _translated(loaded[0][0])}
+        if len(translated) > 1 and ((*UNKNOWN_PAIR, None),) not in translated:
             raise OptionError(
                 f"an ensemble translates the same directions with each model: {paths[0]} translates "
                 f"{describe(data)}, {path} {describe(config.data)}"
             )
+
+
+def _translated(config: Config) -> tuple[tuple[str, str, Optional[str]], ...]:
+    """What a model translates: the languages and token of each corpus it was scored on (synthetic ones aside)."""
+    return tuple(
+        (c.src_lang, c.tgt_lang, c.language_token) for c in config.data.corpora if c.held_out
+    )

@@ -142,7 +142,9 @@ def load_validation(config: Config, tokenizer: Tokenizer) -> ValidationSet:
     tgt: list[list[int]] = []
     references: list[str] = []
     corpora = []
-    for corpus in data.corpora:
+    for corpus in [
+        c for c in data.corpora if c.held_out
+    ]:  # synthetic corpora have training pairs only
         split = load_split(corpus.section(data), data.valid_split)
         logger.info("valid: %d pairs from %s", len(split), split.origin)
         prefix = tokenizer.source_prefix(corpus)
@@ -258,13 +260,14 @@ class MixedEpochs:
     ) -> None:
         self.corpora, self.temperature, self.seed = corpora, data.direction_temperature, seed
         self.sizes = [len(c) for c in corpora]
-        shares = direction_shares(self.sizes, self.temperature)
+        self.weights = [c.weight for c in data.corpora]
+        shares = direction_shares(self.sizes, self.temperature, self.weights)
         if len(corpora) > 1:
             logger.info(
-                "directions mixed with temperature %g: pairs per epoch %s",
+                "corpora mixed with temperature %g: pairs per epoch %s",
                 self.temperature,
                 ", ".join(
-                    f"{c.name} {int(n)} of {size}"
+                    f"{c.name or c.direction} {int(n)} of {size}"
                     for c, n, size in zip(data.corpora, shares, self.sizes)
                 ),
             )
@@ -276,7 +279,7 @@ class MixedEpochs:
         parts = [c.epoch(epoch) for c in self.corpora]
         if len(parts) == 1:
             return parts[0]
-        return mix_directions(parts, self.sizes, self.temperature, self.seed, epoch)
+        return mix_directions(parts, self.sizes, self.temperature, self.seed, epoch, self.weights)
 
     def prefetch(self, epoch: int) -> None:
         for corpus in self.corpora:

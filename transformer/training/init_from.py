@@ -177,6 +177,13 @@ def _check_languages(config: Config, source: InitSource, where: str) -> None:
         try:
             source.tokenizer.source_prefix(corpus)
         except TokenizerError:
+            if corpus.tag and corpus.language_token is None or corpus.held_out is False:
+                raise ConfigError(
+                    f"{where}: data.synthetic: --init-from {source.path} has no piece {corpus.tag} in its "
+                    "vocabulary (a tag is added only to a vocabulary trained with it): set tag: '' for this "
+                    "corpus, or train from scratch",
+                    key="data.synthetic",
+                ) from None
             have = (
                 ", ".join(target_languages(source.config.data))
                 if theirs
@@ -231,11 +238,14 @@ def run_config(
 
 
 def with_absolute_data_path(config: Config) -> Config:
-    """`config` with a relative `data.path` made absolute against the current folder, as the run records it: a
-    checkpoint's `evaluate --split` then reads the same folder from wherever it runs."""
-    path = config.data.path
-    if path is None or Path(path).is_absolute():
+    """`config` with a relative `data.path` (and synthetic corpora's paths) made absolute against the current
+    folder, as the run records it: a checkpoint's `evaluate --split` then reads the same folder from wherever it
+    runs."""
+    data = config.data
+    path = data.path if data.path is None else str(Path(data.path).resolve())
+    synthetic = [dataclasses.replace(s, path=str(Path(s.path).resolve())) for s in data.synthetic]
+    if path == data.path and synthetic == data.synthetic:
         return config
     return dataclasses.replace(
-        config, data=dataclasses.replace(config.data, path=str(Path(path).resolve()))
+        config, data=dataclasses.replace(data, path=path, synthetic=synthetic)
     )
