@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate notebook bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate backtranslate notebook bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,29 @@ evaluate: install
 	done; done
 	BIN=$(BIN) DATA_DIR=$(DATA_DIR) scripts/multilingual_zero_shot.sh $(RUN_DIR) best "$(ZERO_SHOT)"
 	$(BIN)/python scripts/score_table.py $(RUN_DIR)
+
+# Back-translation (configs/multi30k_de_en_bt.yaml, multi30k_en_de_bt.yaml; BT=de_en or en_de): the reverse model
+# (runs/multi30k_TGT_SRC, trained with `make train` first if it has no best.pt; resumed if it stopped), Multi30k task 2's
+# target-language descriptions translated by it into runs/synthetic/task2_TGT_SRC (`transformer synthesize`, without
+# the lines of the parallel training text; it goes on where it stopped), then the BT recipe trained (resumed if it
+# stopped) and evaluated. Every step can be interrupted and the same command goes on.
+BT        ?= de_en
+TASK2_DIR ?= ../shared/data/multi30k_task2
+# The search that makes the synthetic sources (any `transformer translate` decoding flags).
+BT_SEARCH ?= --beam-size 1
+BT_SRC    := $(word 1,$(subst _, ,$(BT)))
+BT_TGT    := $(word 2,$(subst _, ,$(BT)))
+BT_REVERSE := runs/multi30k_$(BT_TGT)_$(BT_SRC)
+BT_CORPUS := runs/synthetic/task2_$(BT_TGT)_$(BT_SRC)
+PARALLEL_DIR := $(or $(DATA_DIR),../shared/data/multi30k)
+backtranslate: install
+	@[ -f $(BT_REVERSE)/checkpoints/best.pt ] || $(MAKE) --no-print-directory train \
+		CONFIG=configs/multi30k_$(BT_TGT)_$(BT_SRC).yaml $$([ -f $(BT_REVERSE)/checkpoints/last.pt ] && echo RESUME=1)
+	@[ -f $(BT_CORPUS)/origin.json ] || $(BIN)/transformer synthesize --checkpoint $(BT_REVERSE)/checkpoints/best.pt \
+		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(BT_TGT).gz) --output $(BT_CORPUS) \
+		--exclude $(PARALLEL_DIR)/train.$(BT_TGT).gz $(BT_SEARCH)
+	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(BT)_bt.yaml \
+		$$([ -f runs/multi30k_$(BT)_bt/checkpoints/last.pt ] && echo RESUME=1)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.

@@ -73,3 +73,19 @@ def test_multi30k_recipes_differ_only_in_direction():
     assert de_en == en_de
     training = de_en["training"]
     assert de_en["data"]["subword_sampling"] and training["max_steps"] % training["eval_every_steps"] == 0
+
+
+@pytest.mark.parametrize("pair", ["de_en", "en_de"])
+def test_back_translation_recipes_are_their_bilingual_recipe_plus_the_reverse_models_corpus(pair):
+    """The BT recipe adds the synthetic corpus that `make backtranslate` writes (task 2's target-language text
+    translated by the reverse recipe's model, the Makefile's BT_CORPUS) and nothing else."""
+    src, tgt = pair.split("_")
+    plain = load_config(ROOT / f"configs/multi30k_{pair}.yaml").to_dict()
+    bt = load_config(ROOT / f"configs/multi30k_{pair}_bt.yaml").to_dict()
+    assert bt["data"].pop("synthetic") == [{"path": f"runs/synthetic/task2_{tgt}_{src}", "name": "bt", "tag": "<bt>",
+                                           "weight": 1.0, "direction": ""}]
+    assert bt["data"].pop("parallel_weight") == 2.0
+    plain["data"].pop("synthetic"), plain["data"].pop("parallel_weight")
+    assert bt == plain
+    makefile = (ROOT / "Makefile").read_text()
+    assert "BT_CORPUS := runs/synthetic/task2_$(BT_TGT)_$(BT_SRC)" in makefile

@@ -46,7 +46,10 @@ def test_repeated_and_empty_lines_are_read_once(tmp_path):
     (tmp_path / "b.gz").write_bytes(gzip.compress(b"A cat.\nA bird.\n   \n"))
     counts = SynthesisCounts()
     assert unique_lines([str(tmp_path / "a.txt"), str(tmp_path / "b.gz")], counts) == ["A dog.", "A cat.", "A bird."]
-    assert (counts.read, counts.empty, counts.duplicate) == (7, 2, 2)
+    assert (counts.read, counts.empty, counts.duplicate, counts.excluded) == (7, 2, 2, 0)
+    counts = SynthesisCounts()  # the lines the parallel corpus has already are left out, each counted once
+    assert unique_lines([str(tmp_path / "a.txt"), str(tmp_path / "b.gz")], counts, {"A cat."}) == ["A dog.", "A bird."]
+    assert (counts.read, counts.empty, counts.duplicate, counts.excluded) == (7, 2, 2, 1)
 
 
 class ReverseEngine(EchoEngine):

@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the language of the input files (default: the model's source language)",
     )
     synthesize.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="files whose lines are not translated (e.g. the parallel training text in the inputs' language)",
+    )
+    synthesize.add_argument(
         "--chunk-lines",
         type=int,
         default=2000,
@@ -731,6 +738,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             args.chunk_lines,
             args.max_length_ratio,
             progress=True,
+            exclude=tuple(args.exclude),
         )
     except KeyboardInterrupt:
         print(
@@ -744,7 +752,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     dropped = ", ".join(f"{n} {reason}" for reason, n in counts.dropped.items() if n) or "none"
     print(
         f"wrote {out}: {counts.kept} pairs of {counts.read} lines read ({counts.empty} empty, "
-        f"{counts.duplicate} repeats, dropped: {dropped})"
+        f"{counts.duplicate} repeats, {counts.excluded} in --exclude; dropped: {dropped})"
     )
     return 0
 

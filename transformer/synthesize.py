@@ -8,7 +8,8 @@ the training sources, Kim & Rush 2016).
 
 The job, in order:
 
-1. read the inputs, strip each line, and drop the empty lines and the repeats of a line already read (counted);
+1. read the inputs, strip each line, and drop the empty lines, the repeats of a line already read and the lines of
+   the `exclude` files (the parallel corpus's own side in that language: pairs the run has already), each counted;
 2. translate the rest in chunks of `chunk_lines`, with a progress bar (sentences/s, time left); each chunk's
    translations are appended to the work folder `.OUTPUT.work` beside the output, and the number of lines done is
    written whole after them (`progress.json`), so that a job stopped anyhow (Ctrl-C, SIGTERM, a crash) and started
@@ -37,7 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from tqdm import tqdm
 
@@ -59,14 +60,19 @@ class SynthesisCounts:
     read: int = 0
     empty: int = 0
     duplicate: int = 0
+    excluded: int = 0
+    """Lines found in the `exclude` files."""
     translated: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     """Per reason of `filter_pairs`, the pairs dropped."""
     kept: int = 0
 
 
-def unique_lines(paths: list[str], counts: SynthesisCounts) -> list[str]:
-    """The stripped lines of the files, in order, without empty lines and without repeats (counted in `counts`).
+def unique_lines(
+    paths: list[str], counts: SynthesisCounts, exclude: Optional[set[str]] = None
+) -> list[str]:
+    """The stripped lines of the files, in order, without empty lines, repeats and lines of `exclude` (counted in
+    `counts`).
 
     Raises:
         DataError: a file cannot be read (missing, invalid UTF-8), naming it and the line.
@@ -83,6 +89,9 @@ def unique_lines(paths: list[str], counts: SynthesisCounts) -> list[str]:
                         counts.empty += 1
                     elif line in seen:
                         counts.duplicate += 1
+                    elif exclude and line in exclude:
+                        counts.excluded += 1
+                        seen.add(line)
                     else:
                         seen.add(line)
                         out.append(line)
@@ -141,6 +150,7 @@ def synthesize(
     chunk_lines: int = 2000,
     max_length_ratio: float = 3.0,
     progress: bool = True,
+    exclude: tuple[str, ...] = (),
 ) -> tuple[Path, SynthesisCounts]:
     """Translate the unique lines of `inputs` into a filtered parallel corpus in `output` (module docstring).
 
@@ -149,6 +159,7 @@ def synthesize(
         checkpoints: the model's paths, recorded with their SHA-256 in origin.json.
         input_lang: the language of the inputs (the model's source language).
         chunk_lines: lines translated between two saves of the progress.
+        exclude: files whose lines are not translated (the parallel corpus's side in the inputs' language).
 
     Returns:
         (the output folder, the counts).
@@ -160,10 +171,12 @@ def synthesize(
     """
     output = Path(output)
     counts = SynthesisCounts()
-    lines = unique_lines(inputs, counts)
+    excluded = {line.strip() for line in unique_lines(list(exclude), SynthesisCounts())}
+    lines = unique_lines(inputs, counts, excluded)
     output_lang = options.target.code
     job = {
         "inputs": [str(Path(p).resolve()) for p in inputs],
+        "exclude": [str(Path(p).resolve()) for p in exclude],
         "lines_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
         "model": [
             {"path": str(Path(c).resolve()), "sha256": _sha256(Path(c))} for c in checkpoints
