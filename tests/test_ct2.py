@@ -160,6 +160,21 @@ def test_samples_of_top_k_1_are_the_greedy_output_n_times(exported, trained_run,
     assert [[text for text, _ in hyps] for hyps in samples] == [[g] * 3 for g in greedy]
 
 
+def test_temperatures_beyond_float32_are_greedy_or_uniform_draws_as_in_our_engine(exported, multi30k_subset):
+    """CTranslate2 samples in float32: a temperature it would make 0 (1e-50) draws the most probable token, one it
+    would make inf (1e39, 1e308) draws uniformly, as 1e37 does (our engine divides in float64: the same rule)."""
+    from transformer.translate import Translator
+
+    src = gzip.open(multi30k_subset / "test_2016_flickr.de.gz", "rt", encoding="utf-8").read().split("\n")[:5]
+    theirs = Translator.from_checkpoint(exported)
+    greedy = theirs.translate(src, beam_size=1)
+    cold = theirs.translate_n_best(src, n_best=2, sampling=True, temperature=1e-50)
+    assert [[text for text, _ in hyps] for hyps in cold] == [[g] * 2 for g in greedy]
+    uniform = theirs.translate(src, sampling=True, temperature=1e37, seed=3, max_repeat=0)
+    for temperature in (1e39, 1e308):
+        assert theirs.translate(src, sampling=True, temperature=temperature, seed=3, max_repeat=0) == uniform
+
+
 def test_ctranslate2_stops_loops_at_max_repeat_as_our_searches(looping_checkpoint, multi30k_subset, tmp_path):
     """A run of one piece stops at decoding.max_repeat in our searches and in CTranslate2 (suppressed sequences),
     on a model that repeats one piece to the length cap without the limit."""

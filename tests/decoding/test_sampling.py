@@ -43,6 +43,34 @@ def test_top_k_one_and_a_tiny_temperature_are_greedy(model):
     assert _tokens(tiny_p) == [[g] for g in greedy]
 
 
+@pytest.mark.parametrize("temperature", [1e-50, 1e-40, 1e-37, 5e-324])
+def test_a_temperature_below_float32s_range_still_draws_the_most_probable_token(model, temperature):
+    logits = torch.tensor([[0.5, 2.0, -1.0, float("-inf")], [3.0, 3.0 - 1e-3, -2.0, 0.0]])
+    probs = sampling_distribution(logits, temperature=temperature)
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+    src, mask = _src()
+    greedy = [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8))]
+    cold = sample_decode(model, src, mask, _sampling(n_best=2, temperature=temperature, seed=6, max_len_b=8))
+    assert _tokens(cold) == [[g] * 2 for g in greedy]
+
+
+@pytest.mark.parametrize("temperature", [1e30, 1e37, 1e39, 1e308, 1.7976931348623157e308])
+def test_a_temperature_above_float32s_range_still_draws_uniformly_among_the_allowed_tokens(model, temperature):
+    logits = torch.tensor([[0.5, 20.0, -1.0, float("-inf")], [3.0, -30.0, float("-inf"), 0.0]])
+    probs = sampling_distribution(logits, temperature=temperature)
+    third = torch.tensor(1 / 3)
+    assert torch.allclose(probs, torch.tensor([[third, third, third, 0.0], [third, third, 0.0, third]]))
+    src, mask = _src()
+
+    def hot(t):
+        return _tokens(sample_decode(model, src, mask, _sampling(n_best=4, temperature=t, seed=6, max_len_b=8,
+                                                                 max_repeat=0)))
+    samples = hot(temperature)
+    assert samples == hot(1e30)  # uniform draws, as at a temperature float32 holds
+    assert len({t for sentence in samples for tokens in sentence for t in tokens}) > 5  # not one piece repeated
+    assert len({tuple(tokens) for sentence in samples for tokens in sentence}) > 4  # distinct samples
+
+
 def test_draws_follow_the_filtered_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     for top_k, top_p, temperature, expected in [

@@ -22,6 +22,11 @@ from .hypothesis import Hypothesis
 from .interface import IncrementalDecoder
 from .rules import NextTokenRules, max_output_lengths
 
+FLOAT32_TEMPERATURES = (1e-37, 1e37)
+"""The temperatures that float32 divides by as given (its normal range, with a margin); outside them the division is
+in float64 (`sampling_distribution`), and the CTranslate2 engine, whose sampling is float32, is given greedy draws or
+this upper bound (`engines/ctranslate2.py`)."""
+
 
 def sampling_distribution(
     logits: Tensor, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0
@@ -31,7 +36,10 @@ def sampling_distribution(
     those, the fewest most probable whose probabilities sum to at least top_p; renormalised.
 
     The logits are shifted by their row maximum before the division, so that no temperature overflows: towards 0 the
-    distribution tends to the most probable token (greedy) and reaches it once the others' scaled logits underflow.
+    distribution tends to the most probable token (greedy) and reaches it once the others' scaled logits underflow;
+    towards infinity it tends to the uniform distribution over the tokens allowed. A temperature beyond float32's
+    range (below `FLOAT32_TEMPERATURES[0]` or above `[1]`, which float32 would make 0 or inf) is divided in float64, so
+    the rule holds for every positive finite temperature.
 
     Args:
         logits: `(rows, vocab)`; -inf where a token may not be produced.
@@ -39,8 +47,11 @@ def sampling_distribution(
     Returns:
         `(rows, vocab)` float32 probabilities, each row summing to 1 (0 outside the kept tokens).
     """
-    logits = logits.float()
-    probs = torch.softmax((logits - logits.max(-1, keepdim=True).values) / temperature, dim=-1)
+    low, high = FLOAT32_TEMPERATURES
+    logits = logits.float() if low <= temperature <= high else logits.double()
+    probs = torch.softmax(
+        (logits - logits.max(-1, keepdim=True).values) / temperature, dim=-1
+    ).float()
     if top_k and top_k < probs.size(-1):
         kth = probs.topk(top_k, dim=-1).values[:, -1:]  # (rows, 1)
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))

@@ -35,6 +35,7 @@ import torch
 from ..config import Config, DecodingConfig, OptionError, config_from_dict
 from ..ct2 import METADATA, ctranslate2_module
 from ..decoding import Hypothesis, gnmt_length_penalty, max_output_length
+from ..decoding.sampling import FLOAT32_TEMPERATURES
 from ..model import Transformer
 from ..tokenizer import SPECIAL_PIECES, Tokenizer
 from .base import SourceBatch
@@ -143,18 +144,24 @@ class CTranslate2Engine:
                 None if p is None else [tokenizer.id_to_piece(t) for t in p] for p in batch.prefixes
             ]
         )
+        low, high = (
+            FLOAT32_TEMPERATURES  # beyond them float32 makes the temperature 0 or inf: the limits instead
+        )
+        top_k = (
+            1 if options.temperature < low else options.top_k
+        )  # -> 0: the most probable token (greedy)
         sampling = (
             dict(
-                sampling_topk=options.top_k,
+                sampling_topk=top_k,
                 sampling_topp=options.top_p,
-                sampling_temperature=options.temperature,
+                sampling_temperature=min(options.temperature, high),  # -> inf: uniform (as at 1e37)
             )
             if options.sampling
             else {}
         )
         beam = options.beam_size > 1 and not options.sampling
         greedy_draws = (
-            options.sampling and options.top_k == 1
+            options.sampling and top_k == 1
         )  # CTranslate2 decodes it greedily: one hypothesis
         out = self.model.translate_batch(
             source,
