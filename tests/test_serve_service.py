@@ -141,8 +141,12 @@ def test_refusals_carry_their_field_and_decode_nothing(service, engine, request_
 
 def test_n_best_lists_come_with_scores_best_first(service):
     body, = _run(service, lambda: service.translate(SRC[:2], {"beam_size": 3, "n_best": 2}))
-    alone = service.translator.translate_n_best(SRC[:2], n_best=2, beam_size=3)
-    assert body["n_best"] == [[{"text": text, "score": score} for text, score in hyps] for hyps in alone]
+    translator = service.translator
+    result = translator.run(translator.request(SRC[:2], translator.resolve_options(n_best=2, beam_size=3)))
+    alone = result.n_best
+    assert body["n_best"] == [[{"text": text, "score": score, "end": "eos" if end else "cut"}
+                               for (text, score), end in zip(hyps, ends)]
+                              for hyps, ends in zip(alone, result.finished)]  # translate --n-best's columns
     assert body["translations"] == [hyps[0][0] for hyps in alone] and body["beam_size"] == 3
     plain, = _run(service, lambda: service.translate(SRC[:2], {"beam_size": None}))
     assert "n_best" not in plain and plain["beam_size"] == 4  # the checkpoint's decoding section
@@ -332,3 +336,18 @@ def test_a_call_shared_with_a_client_still_there_is_decoded_to_the_end(tokenizer
     assert answers[0] is None and answers[1]["translations"] == Translator(EchoEngine(tokenizer)).translate(SRC[2:])
     assert sum(len(batches) for batches in engine.calls) == 4
     assert batching["cancelled_requests"] == 0 and (batching["requests"], batching["sentences"]) == (2, 4)
+
+
+class CutEngine(EchoEngine):
+    """EchoEngine whose hypotheses after the first are cut at the length cap (no eos)."""
+
+    def search(self, batches, options, scores):
+        return [[[dataclasses.replace(h, finished=k == 0) for k, h in enumerate(hyps)] for hyps in batch]
+                for batch in super().search(batches, options, scores)]
+
+
+def test_n_best_entries_say_whether_each_hypothesis_ended_or_was_cut(tokenizer):
+    service = TranslationService(Translator(CutEngine(tokenizer)))
+    body, = _run(service, lambda: service.translate(SRC[:2], {"beam_size": 3, "n_best": 3}))
+    assert [[h["end"] for h in hyps] for hyps in body["n_best"]] == [["eos", "cut", "cut"]] * 2
+    assert "index<TAB>score<TAB>text<TAB>end" in DecodingConfig.__dataclass_fields__["n_best"].metadata["help"]

@@ -461,7 +461,8 @@ class DecodingConfig:
     n_best: int = _option(
         1,
         "hypotheses per input, best first, with their scores (with sampling: independent "
-        "samples); translate prints them as 'index<TAB>score<TAB>text'",
+        "samples); translate prints them as 'index<TAB>score<TAB>text<TAB>end' (end: eos, or cut at the "
+        "length cap)",
     )
     max_len_a: float = _option(1.5, "output length cap: max_len_a * src_len + max_len_b tokens")
     max_len_b: int = _option(10, "see max_len_a")

@@ -38,6 +38,8 @@ class Translated:
     """The n best (text, score) pairs, best first."""
     truncated: bool = False
     """The sentence was longer than the engine's max_source_len: only its start was translated."""
+    finished: list[bool] = field(default_factory=list)
+    """Per hypothesis of `n_best`, whether it ended with eos (False: cut at the length cap)."""
 
 
 Decode = Callable[[TranslationRequest, Callable[[], bool]], list[Translated]]

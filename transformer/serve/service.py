@@ -204,7 +204,10 @@ class TranslationService:
             response["alignments"] = [[list(pair) for pair in sentence] for sentence in pairs]
         if given_n_best is not None:
             response["n_best"] = [
-                [{"text": text, "score": score} for text, score in result.n_best]
+                [
+                    {"text": text, "score": score, "end": "eos" if ended else "cut"}
+                    for (text, score), ended in zip(result.n_best, result.finished)
+                ]
                 for result in results
             ]
         response["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 2)
@@ -307,7 +310,10 @@ class TranslationService:
         """
         result = self.translator.run(request, should_stop=should_stop)
         truncated = set(result.truncated)
-        return [Translated(hyps, i in truncated) for i, hyps in enumerate(result.n_best)]
+        return [
+            Translated(hyps, i in truncated, ends)
+            for i, (hyps, ends) in enumerate(zip(result.n_best, result.finished))
+        ]
 
     def _log_truncated(self, route: str, indices: list[int], n_sentences: int) -> None:
         """Log the sentences of one request whose start only was translated."""
