@@ -214,3 +214,15 @@ def test_output_to_a_device_or_through_a_link_is_written_in_place(checkpoint, tm
     link.symlink_to(target)
     assert main(["translate", "--checkpoint", str(checkpoint), "--output", str(link), "Ein Hund."]) == 0
     assert link.is_symlink() and target.read_text() != "old\n" and len(target.read_text().splitlines()) == 1
+
+
+def test_a_sentence_argument_longer_than_a_file_name_is_translated(checkpoint, capsys, tmp_path):
+    """The check that refuses a checkpoint given as a sentence (`translate --checkpoint A B.pt`) asks the file system
+    about each sentence: one longer than a file name may be (255 bytes) or holding a NUL is a sentence, not an
+    error."""
+    long = "Ein Mann mit einem roten Hut fährt mit dem Fahrrad über eine sehr lange Brücke. " * 4  # > 255 bytes
+    assert len(long.encode()) > 255
+    assert main(["translate", "--checkpoint", str(checkpoint), long, "Ein Hund."]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["translate", "--checkpoint", str(checkpoint), "Ein Hund.", str(checkpoint)]) == 2
+    assert "is a model, not a sentence" in capsys.readouterr().err

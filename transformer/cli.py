@@ -614,13 +614,22 @@ def _output_lines(
     return lines
 
 
+def _is_model_path(sentence: str) -> bool:
+    """Whether a sentence argument names a checkpoint file or a model folder that exists (a sentence too long to be
+    a file name, or with a NUL, is a sentence)."""
+    try:
+        return (
+            bool(sentence.strip())
+            and (sentence.endswith(".pt") or Path(sentence).is_dir())
+            and Path(sentence).exists()
+        )
+    except (OSError, ValueError):  # a name longer than the system takes, or with a NUL byte
+        return False
+
+
 def _check_translate_inputs(args: argparse.Namespace) -> None:
     """Refuse inputs given twice or a checkpoint given as a sentence, and an --output that is the --input."""
-    paths = [
-        s
-        for s in args.sentences[:8]
-        if s.strip() and (s.endswith(".pt") or Path(s).is_dir()) and Path(s).exists()
-    ]
+    paths = [s for s in args.sentences[:8] if _is_model_path(s)]
     hint = (
         f"; for an ensemble, repeat the flag: --checkpoint {args.checkpoint[-1]} --checkpoint {paths[0]}"
         if paths
