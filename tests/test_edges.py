@@ -226,3 +226,26 @@ def test_a_sentence_argument_longer_than_a_file_name_is_translated(checkpoint, c
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert main(["translate", "--checkpoint", str(checkpoint), "Ein Hund.", str(checkpoint)]) == 2
     assert "is a model, not a sentence" in capsys.readouterr().err
+
+
+def test_sigterm_stops_translate_as_ctrl_c_does_keeping_what_it_translated(checkpoint, lines, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    source, out = tmp_path / "in.de", tmp_path / "out.en"
+    source.write_text("\n".join(lines * 40) + "\n")
+    job = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint", str(checkpoint),
+                            "--input", str(source), "--output", str(out), "--buffer-size", "16"],
+                           cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "out.en.partial"
+    deadline = time.monotonic() + 120
+    while not (partial.exists() and partial.stat().st_size) and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 130, err
+    assert "translate: interrupted" in err and str(partial) in err and not out.exists()
+    assert len(partial.read_text().splitlines()) % 16 == 0 and partial.read_text()  # whole chunks, said on stderr

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -709,8 +711,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
     """`transformer synthesize`: see `synthesize.py`. SIGTERM stops it as Ctrl-C does; both keep what was done."""
-    import signal
-
     from .config.languages import language_pairs
     from .synthesize import synthesize
     from .translate import Translator
@@ -731,11 +731,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             f"--input-lang: the model translates from {', '.join(sources)}: give the inputs' language"
         )
     _note_compile(args)
-
-    def stop(*_: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
     try:
         out, counts = synthesize(
             translator,
@@ -756,8 +751,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     dropped = ", ".join(f"{n} {reason}" for reason, n in counts.dropped.items() if n) or "none"
     print(
         f"wrote {out}: {counts.kept} pairs of {counts.read} lines read ({counts.empty} empty, "
@@ -921,6 +914,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         "plot": cmd_plot,
         "serve": cmd_serve,
     }
+    # SIGTERM (a service manager, `kill`) stops these as Ctrl-C does: what was done is kept and said (train and serve
+    # handle it themselves)
+    on_sigterm = (
+        args.command in SIGTERM_AS_CTRL_C and threading.current_thread() is threading.main_thread()
+    )
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_sigterm else None
     try:
         return commands[args.command](args)
     except USER_ERRORS as err:
@@ -928,15 +927,33 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"error: {_as_typed(err, args.command)}", file=sys.stderr)
         return 2
-    except (
-        BrokenPipeError
-    ):  # the reader went away (`... | head -n 2`): stop quietly, as other Unix tools do
+    except BrokenPipeError:
+        # the reader went away (`... | head -n 2`): stop quietly, as other Unix tools do
         silence_stdout()
         return 141
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C in translate, evaluate, ... (train saves last.pt and returns 130 itself)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM in translate, evaluate, ... (train saves last.pt and returns 130 itself)
         if args.verbose:
             raise
         print(f"\n{args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
+
+
+SIGTERM_AS_CTRL_C = (
+    "translate",
+    "evaluate",
+    "synthesize",
+    "average",
+    "attention",
+    "export",
+    "prepare",
+    "plot",
+)
+"""The commands that SIGTERM interrupts as Ctrl-C does (`main`)."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
