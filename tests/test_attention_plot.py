@@ -89,3 +89,16 @@ def test_the_translation_shown_takes_the_decoding_flags(ckpt, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["attention", "--checkpoint", ckpt, sentence, "--out", str(out), "--n-best", "2"])
     assert "unrecognized arguments: --n-best" in capsys.readouterr().err
+
+
+def test_a_translation_cut_at_the_length_cap_is_not_labelled_with_an_eos_it_never_produced(looping_checkpoint,
+                                                                                           ckpt):
+    from transformer.attention_plot import CUT, attention_for, attention_options
+    from transformer.translate import Translator
+
+    translator = Translator.from_checkpoint(looping_checkpoint)
+    cut = attention_for(translator, "Ein Hund läuft.", attention_options(translator, {"max_repeat": 0}))
+    assert cut["tgt_out_pieces"][-1] == CUT and "</s>" not in cut["tgt_out_pieces"]
+    assert len(cut["tgt_out_pieces"]) == len(cut["cross"][0][0])  # one label per row still
+    trained = Translator.from_checkpoint(ckpt)
+    assert attention_for(trained, "Ein Hund läuft.")["tgt_out_pieces"][-1] == "</s>"  # it ended with eos

@@ -16,7 +16,8 @@ JSON format (`--format json`), n = n_heads, S = source pieces (eos included), T 
     translation      the output text
     truncated        true when only the sentence's start was translated (S = max_positions)
     src_pieces       S labels; tgt_in_pieces: T labels ("<s>" + output pieces); tgt_out_pieces: T labels
-                     (output pieces + "</s>"): position t reads tgt_in[t] and predicts tgt_out[t]
+                     (output pieces + "</s>", or + "(cut)" for a translation cut at the length cap, which
+                     produced no eos): position t reads tgt_in[t] and predicts tgt_out[t]
     encoder_self     [n_encoder_layers][n][S][S]   (query source position, key source position)
     decoder_self     [n_decoder_layers][n][T][T]   (query target position, key target position); zero above
                      the diagonal
@@ -51,6 +52,9 @@ class AttentionPlotError(OptionError):
     """A bad layer, head, kind or output suffix (named as parameters; the CLI spells them as flags), or matplotlib
     missing."""
 
+
+CUT = "(cut)"
+"""The last label of tgt_out_pieces for a translation cut at the length cap: its last position produced no eos."""
 
 ATTENTION_SEARCH = {"beam_size": 1}
 """What the translation shown differs in from the config's decoding defaults, unless options say otherwise."""
@@ -119,7 +123,7 @@ def request_attention(translator: Translator, request: TranslationRequest) -> di
         )[: len(src_ids) - 1]
         + ["</s>"],
         "tgt_in_pieces": ["<s>"] + tokenizer.tgt_pieces(hyp.tokens),
-        "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
+        "tgt_out_pieces": tokenizer.tgt_pieces(hyp.tokens) + ["</s>" if hyp.finished else CUT],
         **{kind: _to_lists(getattr(weights, kind)) for kind in KINDS},
     }
 
