@@ -319,11 +319,13 @@ def _cancel_during_decoding(engine: GatedEngine, requests: list[list[str]], leav
     return asyncio.run(run())
 
 
-def test_a_departed_client_s_decoding_call_stops_at_its_next_batch(tokenizer):
+def test_a_departed_client_s_decoding_call_stops_at_its_next_batch(tokenizer, caplog):
     """One sentence per batch: the call of a request whose client leaves during its first batch decodes nothing
-    more; it is counted in /health's cancelled_requests."""
+    more; it is counted in /health's cancelled_requests and said in the log."""
     engine = GatedEngine(tokenizer)
-    answers, batching = _cancel_during_decoding(engine, [SRC], leaving=0)
+    with caplog.at_level(logging.INFO, logger="transformer.serve.batching"):
+        answers, batching = _cancel_during_decoding(engine, [SRC], leaving=0)
+    assert "stopped: every client went away" in caplog.text
     assert answers == [None]
     assert sum(len(batches) for batches in engine.calls) == 1, engine.calls  # of 4 batches
     assert batching["cancelled_requests"] == 1 and batching["abandoned_requests"] == 0

@@ -114,8 +114,10 @@ AttentionRequest = _with_options(
 class Hypothesis(BaseModel):
     text: str
     score: float = Field(description="log-probability with the length penalty of the beam search")
-    end: str = Field(description="eos: the hypothesis ended; cut: it was cut at the length cap (as translate's "
-                     "--n-best end column)")
+    end: str = Field(
+        description="eos: the hypothesis ended; cut: it was cut at the length cap (as translate's "
+        "--n-best end column)"
+    )
 
 
 class TranslateResponse(BaseModel):

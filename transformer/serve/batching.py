@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from typing import Any, Optional, TypeVar
 
 from ..request import ResolvedOptions, TranslationRequest
 from ..translate import DecodingStopped
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -183,9 +186,12 @@ class RequestBatcher:
                 await self._decode(group)
 
     async def _decode(self, group: list[_Request]) -> None:
-        waiting = [
-            request for request in group if not request.future.done()
-        ]  # done: the client went away
+        waiting = [request for request in group if not request.future.done()]  # done: client gone
+        if len(waiting) < len(group):
+            log.info(
+                "%d request(s) not decoded: their clients went away before their turn",
+                len(group) - len(waiting),
+            )
         self.stats.abandoned_requests += len(group) - len(waiting)
         group = waiting
         if not group:
@@ -194,9 +200,12 @@ class RequestBatcher:
         all_gone = _all_done(request.future for request in group)
         try:
             results = await self.run_on_worker(self.translate_n_best, joined, all_gone.is_set)
-        except (
-            DecodingStopped
-        ):  # every client of the call went away: their futures are cancelled already
+        except DecodingStopped:
+            # every client of the call went away: their futures are cancelled already
+            log.info(
+                "a decoding call of %d request(s) stopped: every client went away while it decoded",
+                len(group),
+            )
             self.stats.cancelled_requests += len(group)
             return
         except Exception as err:  # noqa: BLE001 - handed to the requests that asked, the loop keeps serving
