@@ -58,18 +58,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             project, or holds pickled objects.
     """
     path = Path(path)
-    if (
-        path.is_dir()
-    ):  # model folders (CTranslate2, MarianMT) are told apart by `engines.load_model`
+    # model folders (CTranslate2, MarianMT) are told apart by `engines.load_model`
+    if path.is_dir():
         raise CheckpointError(
             f"{path} is a folder, not a checkpoint file: give a .pt file such as "
             "RUN/checkpoints/best.pt"
         )
     if not path.is_file():
         parts = path.as_posix().split("/")
-        if (
-            len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists()
-        ):  # looks like a Hub id
+        # looks like a Hub id
+        if len(parts) == 2 and all(parts) and not path.suffix and not path.parent.exists():
             raise CheckpointError(
                 f"{path}: checkpoint not found (if it names a Hugging Face model, download it to a "
                 f"folder and give that: hf download {path} --local-dir {parts[1]})"
@@ -77,9 +75,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: checkpoint not found")
     with open(path, "rb") as f:
         head = f.read(4)
-    if (
-        head[:4] != b"PK\x03\x04" and head[:1] != b"\x80"
-    ):  # torch.save's zip format; its older pickle format
+    # torch.save's zip format; its older pickle format
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
         raise CheckpointError(
             f"{path}: not a checkpoint (a .pt file written by `transformer train` or "
             "`transformer average`); its first bytes are not those of a PyTorch file"
@@ -99,9 +96,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated or corrupt?): {reason}"
         ) from None
-    if (
-        head[:4] == b"PK\x03\x04"
-    ):  # torch.load does not check the zip's CRC-32s: damaged bytes would load as weights
+    # torch.load does not check the zip's CRC-32s: damaged bytes would load as weights
+    if head[:4] == b"PK\x03\x04":
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
         if damaged is not None:

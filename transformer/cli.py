@@ -52,9 +52,8 @@ def _add_decoding_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...
             option.metadata["help"],
             option.metadata["metavar"],
         )
-        kind = (
-            option.type if isinstance(option.type, str) else option.type.__name__
-        )  # int, float, bool, Optional[str]
+        # int, float, bool, Optional[str]
+        kind = option.type if isinstance(option.type, str) else option.type.__name__
         if kind == "bool" and option.default:
             group.add_argument(
                 flag.replace("--", "--no-"),
@@ -887,9 +886,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     reuse_freed_memory()  # glibc keeps freed tensor memory mapped: no page faults on every step's large tensors
-    args.is_main_process = (
-        os.environ.get("RANK", "0") == "0"
-    )  # under torchrun, rank 0 speaks for all
+    # under torchrun, rank 0 speaks for all
+    args.is_main_process = os.environ.get("RANK", "0") == "0"
     level = (
         logging.DEBUG
         if args.verbose

@@ -113,9 +113,8 @@ def resolve_precision(name: str, device: torch.device) -> tuple[str, str]:
         return name, f"as configured (bf16 matmul {speedup:.2f}x fp32 on this CPU)"
     if name in ("bf16", "auto") and device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        native = (
-            major >= 8
-        )  # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
+        # Ampere and later compute bf16 natively; older GPUs only emulate it, slowly
+        native = major >= 8
         where = f"CUDA device of compute capability {major}.{minor}"
         if name == "bf16":  # e.g. the WMT14 recipes' bf16 on a V100 or T4
             return name, (

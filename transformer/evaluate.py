@@ -274,9 +274,8 @@ def report(
     Raises:
         DataError: a file cannot be written (`write_results`).
     """
-    length_penalty = (
-        options.length_penalty if options.beam_size > 1 else None
-    )  # greedy search does not use it
+    # greedy search does not use it
+    length_penalty = options.length_penalty if options.beam_size > 1 else None
     print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
     print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
     print(

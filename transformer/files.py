@@ -94,9 +94,8 @@ def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
     try:
         write(staging)
         with_default_mode(staging)
-        if (
-            output_dir.exists()
-        ):  # an earlier export or an empty folder (checked): out of the way, then gone
+        # an earlier export or an empty folder (checked): out of the way, then gone
+        if output_dir.exists():
             retired = Path(
                 tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent)
             )

@@ -318,9 +318,8 @@ class TranslationOutput:
     def __init__(self, path: Optional[str]) -> None:
         self.path, self.n_lines = path, 0
         direct = path is not None and os.path.exists(path) and not os.path.isfile(path)
-        self._final = (
-            os.path.realpath(path) if path else None
-        )  # a symbolic link: the file it names is replaced
+        # a symbolic link: the file it names is replaced
+        self._final = os.path.realpath(path) if path else None
         self.partial = Path(f"{self._final}.partial") if path and not direct else None
         if self.partial is not None:
             self.partial.parent.mkdir(parents=True, exist_ok=True)

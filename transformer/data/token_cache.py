@@ -481,9 +481,8 @@ def _encode_into(
     unknown: UnknownCharacters,
 ) -> dict[str, int]:
     n_read = n_empty = n_long = 0
-    texts: deque[tuple[list[str], list[str]]] = (
-        deque()
-    )  # the chunks `encode` has taken and not yet given back
+    # the chunks `encode` has taken and not yet given back
+    texts: deque[tuple[list[str], list[str]]] = deque()
 
     def chunks() -> Iterator[tuple[list[str], list[str]]]:
         for chunk in source.chunks(chunk_size):

@@ -116,9 +116,8 @@ class CTranslate2Engine:
                 options.length_penalty,
                 options.length_penalty,
             )
-        if (
-            options.sampling and batches
-        ):  # CTranslate2 seeds its threads' generators when it loads a model: reload
+        # CTranslate2 seeds its threads' generators when it loads a model: reload
+        if options.sampling and batches:
             ctranslate2_module().set_random_seed(options.seed)
             self.model = self._open()
         return [self._search(batch, options, scores) for batch in batches]
@@ -147,9 +146,8 @@ class CTranslate2Engine:
         low, high = (
             FLOAT32_TEMPERATURES  # beyond them float32 makes the temperature 0 or inf: the limits instead
         )
-        top_k = (
-            1 if options.temperature < low else options.top_k
-        )  # -> 0: the most probable token (greedy)
+        # -> 0: the most probable token (greedy)
+        top_k = 1 if options.temperature < low else options.top_k
         sampling = (
             dict(
                 sampling_topk=top_k,
@@ -160,9 +158,8 @@ class CTranslate2Engine:
             else {}
         )
         beam = options.beam_size > 1 and not options.sampling
-        greedy_draws = (
-            options.sampling and top_k == 1
-        )  # CTranslate2 decodes it greedily: one hypothesis
+        # CTranslate2 decodes it greedily: one hypothesis
+        greedy_draws = options.sampling and top_k == 1
         out = self.model.translate_batch(
             source,
             beam_size=options.beam_size,

@@ -118,9 +118,8 @@ class PyTorchEngine:
 
         if self.workers == 1 or len(batches) < 2:
             return [decode(batch) for batch in batches]
-        with (
-            _THREAD_COUNT_LOCK
-        ):  # concurrent multi-worker calls take turns (see the lock's comment)
+        # concurrent multi-worker calls take turns (see the lock's comment)
+        with _THREAD_COUNT_LOCK:
             threads = torch.get_num_threads()
             if self.workers > threads and not self._warned_oversubscribed:
                 logger.warning(

@@ -146,6 +146,5 @@ def padding_bias(key_padding_mask: Tensor, n_heads: int, dtype: torch.dtype) -> 
         return None
     bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
     bias.masked_fill_(key_padding_mask, float("-inf"))
-    return (
-        bias[:, None, None, :].expand(-1, n_heads, 1, -1).contiguous()
-    )  # (memory_rows, n_heads, 1, src_len)
+    # (memory_rows, n_heads, 1, src_len)
+    return bias[:, None, None, :].expand(-1, n_heads, 1, -1).contiguous()

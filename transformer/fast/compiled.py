@@ -192,9 +192,8 @@ class _DecoderStep(nn.Module):
         new_kv = []
         for i, layer in enumerate(self.layers):
             h = layer.norm1(x) if self.norm_first else x
-            q, k, v = (
-                layer.self_qkv(h).view(rows, 3, n_heads, d_head).unbind(1)
-            )  # (rows, n_heads, d_head)
+            # (rows, n_heads, d_head)
+            q, k, v = layer.self_qkv(h).view(rows, 3, n_heads, d_head).unbind(1)
             new_kv += [k, v]
             keys, values = self_kv[:, 2 * i], self_kv[:, 2 * i + 1]  # (n, rows, n_heads, d_head)
             # Scores over the prefix and the new position; products written as sums over an axis, which Inductor

@@ -177,9 +177,8 @@ class CPUDecoder(nn.Module):
         if quantization == "int8":
             quantize_int8_(self)
         else:
-            if (
-                PackedLinear.is_available()
-            ):  # a copy: a tied embedding keeps its own row-major weight
+            # a copy: a tied embedding keeps its own row-major weight
+            if PackedLinear.is_available():
                 self.output_projection = PackedLinear(self.output_projection)
             column_major_(self)
         self.eval()

@@ -220,9 +220,8 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except (
-        asyncio.CancelledError
-    ):  # the server gave up on the request (shutdown): so does the batcher
+    # the server gave up on the request (shutdown): so does the batcher
+    except asyncio.CancelledError:
         task.cancel()
         raise
     finally:

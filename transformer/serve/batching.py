@@ -217,9 +217,8 @@ class RequestBatcher:
         start = 0
         for request in group:
             n = len(request.request)
-            if (
-                not request.future.done()
-            ):  # a client that went away during the decode leaves a cancelled future
+            # a client that went away during the decode leaves a cancelled future
+            if not request.future.done():
                 request.future.set_result(results[start : start + n])
             start += n
 

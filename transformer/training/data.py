@@ -64,9 +64,8 @@ def prepare_tokenizer(
         tokenizer = given
     elif tokenizer is None:
         reserved = reserved_pieces(data)
-        if (
-            data.joint_vocab
-        ):  # one model: every language's sentences, the corpora's marks whole pieces
+        # one model: every language's sentences, the corpora's marks whole pieces
+        if data.joint_vocab:
             tokenizer = train_tokenizer(
                 joint_sample(data, config.training.seed), [], data, symbols=tuple(reserved)
             )

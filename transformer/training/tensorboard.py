@@ -80,9 +80,8 @@ class TensorBoardLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir), purge_step=resume_step)
-        self.images = (
-            pillow_available()
-        )  # TensorBoard encodes images with Pillow, which it does not require
+        # TensorBoard encodes images with Pillow, which it does not require
+        self.images = pillow_available()
         if not self.images:
             logger.warning(
                 "TensorBoard: Pillow is not installed, so no cross-attention image is written "

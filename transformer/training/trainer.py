@@ -106,18 +106,16 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                 run.scaler,
             )
             state.elapsed_s = resumed_elapsed + time.perf_counter() - loop_start
-            if (
-                result is None
-            ):  # not applied, not a step: the schedule and the intervals count applied updates
+            # not applied, not a step: the schedule and the intervals count applied updates
+            if result is None:
                 count_skipped_update(
                     state, training.max_nonfinite_steps, run.scaler, checkpoint_path(run.run_dir)
                 )
             else:
                 state.step += 1
                 state.nonfinite_in_a_row = state.skipped_in_a_row = 0
-                state.window_loss = (
-                    state.window_loss + result[0]
-                )  # tensors: no device sync until logged
+                # tensors: no device sync until logged
+                state.window_loss = state.window_loss + result[0]
                 state.window_nll = state.window_nll + result[1]
                 state.window_tokens += sum(b.n_tgt_tokens for b in my_share)
                 state.window_src_tokens += sum(b.n_src_tokens for b in my_share)
@@ -131,9 +129,8 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
                     valid_start = time.perf_counter()
                     if _validate_and_save(run, state):
                         return  # early stopping
-                    window_start += (
-                        time.perf_counter() - valid_start
-                    )  # tokens/s counts training time only
+                    # tokens/s counts training time only
+                    window_start += time.perf_counter() - valid_start
                 elif (
                     training.save_every_steps
                     and state.step % training.save_every_steps == 0
@@ -153,9 +150,8 @@ def training_loop(run: TrainingRun, state: TrainState, stop: StopRequest, bar: t
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
-    if (
-        state.step % training.eval_every_steps and state.step < training.max_steps
-    ):  # stopped by max_epochs
+    # stopped by max_epochs
+    if state.step % training.eval_every_steps and state.step < training.max_steps:
         _validate_and_save(run, state)
 
 
