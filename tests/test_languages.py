@@ -4,10 +4,12 @@ import pytest
 
 from transformer.config import ConfigError
 from transformer.config.languages import (
+    WrittenLanguageError,
     find_language,
     language_token,
     parse_direction,
     token_language,
+    without_written_token,
 )
 
 
@@ -34,3 +36,15 @@ def test_a_direction_is_two_different_codes():
     for bad in ("de", "de-de", "de-en-fr", "de_en", "-en"):
         with pytest.raises(ConfigError, match="data.directions"):
             parse_direction(bad)
+
+
+@pytest.mark.parametrize("written", [">>fra<<", ">>FRA<<", ">>fr<<", ">>Fra<<", "  >>fra<<"])
+def test_a_written_token_in_any_spelling_of_the_target_is_taken_out(written):
+    assert without_written_token([f"{written} A dog runs.", "A cat."], "fr") == ["A dog runs.", "A cat."]
+
+
+def test_another_languages_token_is_refused_naming_it_and_one_later_in_a_sentence_is_text():
+    with pytest.raises(WrittenLanguageError, match="starts with >>deu<< but the target language is fr") as err:
+        without_written_token(["A cat.", ">>deu<< A dog."], "fr")
+    assert err.value.sentence == 1
+    assert without_written_token(["A >>deu<< dog."], "fr") == ["A >>deu<< dog."]

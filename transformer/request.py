@@ -117,8 +117,9 @@ def make_request(
     """The request of `sentences` translated with `options` (`resolve_options`).
 
     Args:
-        sentences: the sentences; a model with language tokens accepts its target's token written at the start of
-            one (`>>fra<< text`, as OPUS-MT's multi-target models are given their language), taken out here.
+        sentences: the sentences; a target-language token written at the start of one (`>>fra<< text`, as
+            OPUS-MT's multi-target models are given their language) is taken out here when it names the language
+            translated into, on every model (a model with language tokens puts its own, at id level, once).
         prefixes: per sentence, a target prefix (None or "": none), or None.
 
     Raises:
@@ -130,8 +131,7 @@ def make_request(
     if prefixes is not None and len(prefixes) != len(sentences):
         raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
     prefix_ids = target_prefix_ids(tokenizer, config, prefixes)
-    if options.target.token is not None:
-        sentences = without_written_token(sentences, options.target.code)
+    sentences = without_written_token(sentences, options.target.code)
     ids = tokenizer.src_ids([s.strip() for s in sentences])
     return TranslationRequest(list(sentences), ids, options, prefixes, prefix_ids)
 

@@ -211,6 +211,11 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     with pytest.raises(ConfigError, match=r"translates de->en only; tgt_lang 'fr' is not its language"):
         translator.translate(sentence, tgt_lang="fr")
     assert TranslationService(translator).health()["languages"] == {"tgt_langs": ["en"], "directions": []}
+    # a token written at the start is a language instruction on every model: its own is taken out, another refused
+    assert translator.translate([">>eng<< " + sentence[0]]) == translator.translate([">>en<<" + sentence[0]]) == \
+        translator.translate(sentence)
+    with pytest.raises(ConfigError, match="starts with >>fra<< but the target language is en"):
+        translator.translate([">>fra<< " + sentence[0]])
 
 
 def test_a_bilingual_run_carries_no_language_token(trained_run, monkeypatch):

@@ -118,8 +118,9 @@ class WrittenLanguageError(ConfigError):
 
 
 def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
-    """The sentences without a target-language token written at their start when it is `tgt_lang`'s
-    (`>>fra<< text` -> `text`; whitespace around it dropped); others unchanged.
+    """The sentences without a target-language token written at their start when it names `tgt_lang`, in any
+    spelling `find_language` takes (`>>fra<< text`, `>>fr<< text`, `>>FRA<< text` -> `text` for fr; whitespace
+    around it dropped); others unchanged. Only the very start of a sentence is read: `>>fra<<` later in it is text.
 
     Raises:
         WrittenLanguageError: a sentence starts with another language's token.
@@ -127,7 +128,7 @@ def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
     out = []
     for i, sentence in enumerate(sentences):
         written = _WRITTEN_TOKEN.match(sentence)
-        if written and written.group(1) != language_token(tgt_lang):
+        if written and find_language(written.group(1)[2:-2], [tgt_lang]) is None:
             raise WrittenLanguageError(
                 f"a sentence starts with {written.group(1)} but the target language is "
                 f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
