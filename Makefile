@@ -59,16 +59,20 @@ AVERAGE_LAST ?= 5
 # pairs whose languages the run lacks are skipped).
 ZERO_SHOT ?= de-fr fr-de
 
-# Scores best.pt and the average of the last AVERAGE_LAST step checkpoints on the test split, greedy and with the
-# config's beam search (the Multi30k recipes: beam 4, α 2.0).
+# Scores best.pt and the average of the last AVERAGE_LAST step checkpoints (of as many as there are, if fewer; said) on
+# the test split, greedy and with the config's beam search (the Multi30k recipes: beam 4, α 2.0).
 # A multilingual run (data.directions) is scored direction by direction: eval_test_CKPT_DIRECTION_{greedy,beam}.json.
 # A multilingual run also scores ZERO_SHOT with best.pt. Then RUN_DIR/scores.md: every score in one table, a row per
 # direction (scripts/score_table.py).
 evaluate: install
-	$(BIN)/transformer average --run-dir $(RUN_DIR) --last $(AVERAGE_LAST) \
-		--output $(RUN_DIR)/checkpoints/avg_last$(AVERAGE_LAST).pt
+	n=$$(ls $(RUN_DIR)/checkpoints/step_*.pt 2>/dev/null | wc -l); n=$$(( n < $(AVERAGE_LAST) ? n : $(AVERAGE_LAST) )); \
+	avg=; if [ $$n -gt 0 ]; then \
+		$(BIN)/transformer average --run-dir $(RUN_DIR) --last $$n --output $(RUN_DIR)/checkpoints/avg_last$$n.pt \
+			|| exit 1; avg=avg_last$$n; fi; \
+	if [ $$n -lt $(AVERAGE_LAST) ]; then echo "evaluate: $$n step checkpoints in $(RUN_DIR)/checkpoints, fewer than" \
+		"AVERAGE_LAST=$(AVERAGE_LAST): $${avg:-no average} scored beside best.pt"; fi; \
 	directions=$$($(BIN)/python -c "import yaml; print(' '.join(yaml.safe_load(open('$(RUN_DIR)/config.yaml'))['data'].get('directions') or []))"); \
-	for ckpt in best avg_last$(AVERAGE_LAST); do for d in $${directions:-none}; do \
+	for ckpt in best $$avg; do for d in $${directions:-none}; do \
 		flags=$$([ $$d = none ] || echo "--direction $$d"); name=$${ckpt}$$([ $$d = none ] || echo "_$$d"); \
 		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test --beam-size 1 $$flags \
 			--json $(RUN_DIR)/eval_test_$${name}_greedy.json $(EVAL_SET_FLAGS) && \

@@ -61,6 +61,12 @@ for pair in $pairs; do
 done
 if [ ${#scored[@]} -gt 0 ]; then
   # shellcheck disable=SC2086
-  $bin/python scripts/output_languages.py --data "$data" --langs $langs "${scored[@]}" \
-    | tee "$out/languages_${ckpt_name}.jsonl"
+  if $bin/python scripts/output_languages.py --data "$data" --langs $langs "${scored[@]}" \
+      > "$out/languages_${ckpt_name}.jsonl.partial"; then
+    mv "$out/languages_${ckpt_name}.jsonl.partial" "$out/languages_${ckpt_name}.jsonl"
+    cat "$out/languages_${ckpt_name}.jsonl"
+  else  # the scores stand without it; scores.md then has no language column
+    rm -f "$out/languages_${ckpt_name}.jsonl.partial" "$out/languages_${ckpt_name}.jsonl"
+    echo "zero-shot: the output languages were not measured (above: why)"
+  fi
 fi

@@ -34,7 +34,11 @@ def vocabularies(data: Path, langs: list[str], split: str) -> dict[str, set[str]
     which the languages share)."""
     out = {}
     for lang in langs:
-        counts = Counter(w for line in read_lines(data / f"{split}.{lang}.gz") for w in words(line))
+        path = next((p for p in (data / f"{split}.{lang}.gz", data / f"{split}.{lang}") if p.is_file()), None)
+        if path is None:
+            raise SystemExit(f"output_languages: no {split}.{lang}.gz or {split}.{lang} in {data}: the words of each "
+                             "language's training text tell the languages apart (--data, --split)")
+        counts = Counter(w for line in read_lines(path) for w in words(line))
         out[lang] = {w for w, n in counts.items() if n >= 2}
     return out
 

@@ -78,3 +78,13 @@ def test_the_zero_shot_script_skips_what_it_cannot_score_and_says_why(tmp_path):
     said = subprocess.run([*script, str(bilingual)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert "not a multilingual run" in said.stdout and not (bilingual / "zero_shot").exists()
     assert not (run / "zero_shot").exists()
+
+
+def test_output_languages_without_training_text_says_what_it_needs_in_one_line(tmp_path):
+    (tmp_path / "out.txt").write_text("A dog runs.\n")
+    (tmp_path / "train.en.gz").write_bytes(__import__("gzip").compress(b"A dog runs.\nA dog.\n"))
+    done = subprocess.run([sys.executable, "scripts/output_languages.py", "--data", str(tmp_path), "--langs", "en",
+                           "de", "--hyp", str(tmp_path / "out.txt")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"output_languages: no train.de.gz or train.de in {tmp_path}: the words of each language's training text "
+        "tell the languages apart (--data, --split)"]

@@ -418,3 +418,27 @@ def test_the_target_language_is_resolved_once_per_request_where_it_enters(multil
     assert main(["evaluate", "--checkpoint", str(best), "--src", str(tmp_path / "src.txt"), "--ref",
                  str(tmp_path / "ref.txt"), "--tgt-lang", "b"]) == 0
     assert "chrF = 100.00" in capsys.readouterr().out and len(calls) == 1
+
+
+def test_make_evaluate_of_a_short_multilingual_run_ends_with_its_score_table(multilingual_run, tmp_path):
+    """A run with fewer step checkpoints than AVERAGE_LAST averages those there are (and says so), scores every
+    direction, skips the zero-shot pairs whose languages it lacks, and writes scores.md."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(multilingual_run, run)
+    shutil.copy(run / "checkpoints" / "last.pt", run / "checkpoints" / "step_200.pt")  # one: fewer than 5
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["test_split"] = "test"  # the toy corpus's name of its test split
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    venv = Path(sys.executable).parent.parent
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["make", "-s", "evaluate", f"RUN_DIR={run}", f"VENV={venv}",
+                           "EVAL_SET_FLAGS=--set data.test_split=test"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "1 step checkpoints" in done.stdout and "avg_last1 scored beside best.pt" in done.stdout
+    table = (run / "scores.md").read_text()
+    assert "| x-a |" in table and "| x-b |" in table and "avg_last1 beam" in table
