@@ -290,3 +290,15 @@ def test_a_multi_target_marian_folder_gives_its_languages_to_tgt_lang(tmp_path, 
     assert capsys.readouterr().out.strip() == outputs["de"][0]
     single = write_marian(tmp_path / "one", seed=4)  # one token (>>fra<<): a bilingual model, as before
     assert Translator.from_checkpoint(single).languages == ["tgt"]
+
+
+def test_the_marian_tokenizer_loads_without_asking_for_sacremoses(marian_dir):
+    """The hf extra installs sacremoses, whose absence MarianTokenizer warns about at every load."""
+    import warnings
+
+    from transformers import MarianTokenizer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MarianTokenizer.from_pretrained(marian_dir)
+    assert not [w for w in caught if "sacremoses" in str(w.message)]

@@ -353,3 +353,22 @@ def test_n_best_entries_say_whether_each_hypothesis_ended_or_was_cut(tokenizer):
     body, = _run(service, lambda: service.translate(SRC[:2], {"beam_size": 3, "n_best": 3}))
     assert [[h["end"] for h in hyps] for hyps in body["n_best"]] == [["eos", "cut", "cut"]] * 2
     assert "index<TAB>score<TAB>text<TAB>end" in DecodingConfig.__dataclass_fields__["n_best"].metadata["help"]
+
+
+class SilentEngine(EchoEngine):
+    """EchoEngine that writes nothing for a sentence starting with "Kinder" (eos first)."""
+
+    def search(self, batches, options, scores):
+        kinder = self.tokenizer.src_ids(["Kinder"])[0][0]
+        return [[[dataclasses.replace(h, tokens=[]) if ids[0] == kinder else h for h in hyps]
+                 for ids, hyps in zip(batch.src_ids, out)]
+                for batch, out in zip(batches, super().search(batches, options, scores))]
+
+
+def test_an_empty_translation_of_a_sentence_with_text_is_noted_and_warned(tokenizer, caplog):
+    translator = Translator(SilentEngine(tokenizer))
+    result = translator.run(translator.request(["", SRC[3], SRC[0]], translator.resolve_options()))
+    assert result.texts[1] == "" and result.texts[2] and result.empty == [1]  # an empty input is not one
+    with caplog.at_level(logging.WARNING, logger="transformer.translate"):
+        translator.translate(["", SRC[3], SRC[0]])
+    assert "1 of 3 inputs have an empty translation (inputs 2)" in caplog.text

@@ -570,6 +570,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
                 ) from None
             result = translator.run(request, scores=bool(args.n_best))
+            for i in result.empty:
+                logger.warning(
+                    "line %d: the translation is empty (the model ended it at once)", index + i + 1
+                )
             for i in result.truncated:
                 logger.warning(
                     "line %d has more than the model's max_positions=%d tokens: its first %d translated",

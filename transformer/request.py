@@ -175,6 +175,8 @@ class Translation:
     """Tokens of the best hypotheses (eos excluded)."""
     n_copied_unknown: int = 0
     """Sentences with text copied through untranslated (`passthrough.py`)."""
+    empty: list[int] = field(default_factory=list)
+    """The sentences (0-based) with text whose best translation is empty (the model wrote eos first)."""
 
     @property
     def texts(self) -> list[str]:

@@ -180,7 +180,15 @@ class Translator:
                 another language's token.
         """
         request = self.request(sentences, self.resolve_options(n_best=n_best, **options), prefixes)
-        return self.run(request, scores=scores, should_stop=should_stop, warn_truncated=True).n_best
+        result = self.run(request, scores=scores, should_stop=should_stop, warn_truncated=True)
+        if result.empty:
+            logger.warning(
+                "%d of %d inputs have an empty translation (inputs %s)",
+                len(result.empty),
+                len(sentences),
+                ", ".join(str(i + 1) for i in result.empty[:10]),
+            )
+        return result.n_best
 
     def run(
         self,
@@ -266,6 +274,11 @@ class Translator:
             options.decoding.copy_unknown,
             align,
         )
+        notes.empty = [
+            i
+            for i, (sentence, hyps) in enumerate(zip(request.sentences, notes.n_best))
+            if sentence.strip() and not hyps[0][0].strip()
+        ]
         return notes
 
     def align(
