@@ -320,3 +320,25 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(tra
     assert answer.status_code == 200 and len(answer.json()["translations"]) == 64
     assert process.wait(60) == 0, (tmp_path / "server.log").read_text()[-2000:]
     assert time.monotonic() - answered < 10  # nothing else held the process
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_during_the_drain_ends_the_server_at_once(trained_run, tmp_path, second):
+    """The first SIGTERM starts the drain of the request in flight; a second SIGTERM or Ctrl-C ends the process at
+    once (status 130), without waiting for the decoding call."""
+    process, url = _start(trained_run, tmp_path / "server.log", "--shutdown-timeout", "60")
+    with httpx.Client(timeout=300) as client, ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(client.post, url + "/translate", json=_long_request(128))
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert process.poll() is None and not in_flight.done()  # draining: the request is still decoded
+        process.send_signal(second)
+        signalled = time.monotonic()
+        assert process.wait(30) == 130, (tmp_path / "server.log").read_text()[-2000:]
+        assert time.monotonic() - signalled < 5
+        try:  # cut off: the connection closed, or an error answer sent as the tasks were cancelled
+            assert in_flight.result().status_code != 200
+        except httpx.HTTPError:
+            pass
+    assert "stopped at once" in (tmp_path / "server.log").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -29,7 +30,9 @@ def run_server(settings: ServeSettings) -> None:
     A connection whose request headers are not complete `limits.request_timeout_s` seconds after it opened (or after
     its previous answer) is closed. A request that is not valid HTTP/1.1 (a malformed request line or header, such
     as `Content-Length: abc`) gets 400 in the JSON form of every refusal, `"field": "headers"`, and its connection
-    is closed. On SIGTERM the server shuts down (`ServeSettings.shutdown_timeout_s`) and returns (exit status 0).
+    is closed. On SIGTERM the server shuts down (`ServeSettings.shutdown_timeout_s`) and returns (exit status 0); a
+    second Ctrl-C or SIGTERM during that drain ends the process at once (exit status 130), as uvicorn's own servers
+    end on a second Ctrl-C, without waiting for the decoding call in flight.
 
     Raises:
         CheckpointError, DeviceError, OptionError: the model cannot be loaded as asked.
@@ -81,12 +84,32 @@ def run_server(settings: ServeSettings) -> None:
         # uvicorn re-raises the signal that stopped it once it has shut down: a SIGTERM handled by a handler that
         # does nothing lets the command end normally (exit status 0), as a service manager expects
         previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        server = _Server(config)
         try:
-            uvicorn.Server(config).run(sockets=[listening])
+            server.run(sockets=[listening])
+        except KeyboardInterrupt:  # uvicorn raises a Ctrl-C again once it has stopped
+            if not server.force_exit:
+                raise
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if server.force_exit:  # a second signal: the decoding thread is not waited for either
+            print(
+                "serve: stopped at once (a second Ctrl-C or SIGTERM)", file=sys.stderr, flush=True
+            )
+            sys.stdout.flush()
+            os._exit(130)
     finally:
         listening.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, where a second SIGTERM, like a second Ctrl-C, forces the exit: the first starts the drain
+    (`ServeSettings.shutdown_timeout_s`), the second ends the process at once, the decoding call in flight too."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        super().handle_exit(sig, frame)
 
 
 class _Protocol(H11Protocol):
