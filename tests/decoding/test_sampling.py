@@ -230,3 +230,19 @@ def test_word_alignment_from_piece_attention():
     weights[2] = torch.tensor([0.0, 0.9, 0.1, 0.0, 0.0, 0.0])  # "ride" looks at "Mann"
     assert align_words(weights, src, tgt) == [(0, 0), (1, 1), (1, 2), (2, 2)]
     assert align_words(weights, [], tgt) == []
+
+
+def test_banned_tokens_never_appear_in_any_search(model):
+    """`banned` (a model's source marks: language tokens, tags) is a rule of every search: the tokens greedy
+    decoding would write first are never written once banned, in greedy, beam and sampled outputs."""
+    from transformer.decoding import search
+
+    src, mask = _src()
+    free = [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8))]
+    banned = tuple(sorted({tokens[0] for tokens in free if tokens}))
+    assert banned
+    for options in (search_options(max_len_b=8), search_options(beam_size=4, n_best=4, max_len_b=8),
+                    _sampling(n_best=3, seed=2, max_len_b=8)):
+        found = search(model, src, mask, options, banned=banned)
+        assert all(not set(h.tokens) & set(banned) for hyps in found for h in hyps)
+    assert [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8), banned=())] == free

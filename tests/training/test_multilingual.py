@@ -84,6 +84,7 @@ def test_the_language_token_starts_every_source_and_is_one_piece(multilingual_ru
         assert cache.spec["src_prefix"] == [ids[lang]]
     assert translator.resolve_options(tgt_lang="a").source_prefix == (ids["a"],)
     assert translator.languages == ["a", "b"]
+    assert translator.engine.banned_ids == (ids["a"], ids["b"])  # instructions, never written in an output
 
 
 def test_the_target_language_token_chooses_the_output_language(multilingual_run):
@@ -211,6 +212,7 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     with pytest.raises(ConfigError, match=r"translates de->en only; tgt_lang 'fr' is not its language"):
         translator.translate(sentence, tgt_lang="fr")
     assert TranslationService(translator).health()["languages"] == {"tgt_langs": ["en"], "directions": []}
+    assert translator.engine.banned_ids == ()  # a bilingual model has no marks to ban
     # a token written at the start is a language instruction on every model: its own is taken out, another refused
     assert translator.translate([">>eng<< " + sentence[0]]) == translator.translate([">>en<<" + sentence[0]]) == \
         translator.translate(sentence)

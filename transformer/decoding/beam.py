@@ -246,6 +246,7 @@ def beam_search(
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
     prefixes: Optional[list[Optional[list[int]]]] = None,
+    banned: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
@@ -265,7 +266,7 @@ def beam_search(
     max_lengths = max_output_lengths(
         src_key_padding_mask, options, model.config.max_positions, prefixes
     )
-    rules = NextTokenRules(options, prefixes)
+    rules = NextTokenRules(options, prefixes, banned)
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, options.beam_size)
     for step in range(max(max_lengths)):

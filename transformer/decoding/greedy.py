@@ -64,6 +64,7 @@ def greedy_decode(
     options: DecodingConfig,
     prefixes: Optional[list[Optional[list[int]]]] = None,
     scores: bool = True,
+    banned: tuple[int, ...] = (),
 ) -> list[Hypothesis]:
     """Pick the most probable next token allowed by `NextTokenRules` until eos or the length cap, for a batch of
     sentences.
@@ -91,7 +92,7 @@ def greedy_decode(
     max_lengths = max_output_lengths(
         src_key_padding_mask, options, model.config.max_positions, prefixes
     )
-    rules = NextTokenRules(options, prefixes)
+    rules = NextTokenRules(options, prefixes, banned)
     cache = model.new_cache(memory, src_key_padding_mask)
     last = torch.full(
         (n,), BOS_ID, dtype=torch.long, device=src.device

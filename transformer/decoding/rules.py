@@ -75,15 +75,21 @@ class NextTokenRules:
     Args:
         options: min_len, no_repeat_ngram_size and max_repeat are read.
         prefixes: per sentence, the target tokens its outputs must start with (None: free); None for no prefixes.
+        banned: tokens no output may contain: the pieces a model's sources carry as marks (language tokens, tags),
+            which are instructions to the model, never text it writes.
     """
 
     def __init__(
-        self, options: DecodingConfig, prefixes: Optional[list[Optional[list[int]]]] = None
+        self,
+        options: DecodingConfig,
+        prefixes: Optional[list[Optional[list[int]]]] = None,
+        banned: tuple[int, ...] = (),
     ) -> None:
         self.min_len = options.min_len
         self.no_repeat_ngram_size = options.no_repeat_ngram_size
         self.max_repeat = options.max_repeat
         self.prefixes = prefixes
+        self.banned = list(banned)
 
     def forced_token(self, sentence: int, step: int) -> int:
         """The token sentence `sentence` must produce at `step` (0: the first after bos), or -1 when free."""
@@ -102,6 +108,8 @@ class NextTokenRules:
         model_scores = scores.clone() if self.prefixes is not None else scores
         scores[:, PAD_ID] = float("-inf")
         scores[:, BOS_ID] = float("-inf")
+        if self.banned:
+            scores[:, self.banned] = float("-inf")
         if step < self.min_len:
             scores[:, EOS_ID] = float("-inf")
         if self.no_repeat_ngram_size:

@@ -86,6 +86,7 @@ def sample_decode(
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
     prefixes: Optional[list[Optional[list[int]]]] = None,
+    banned: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Draw options.n_best outputs per sentence (see the module docstring), each token among those that
     `rules.NextTokenRules` allows.
@@ -115,7 +116,7 @@ def sample_decode(
     )  # (batch * n_samples, src_len): one row per sample
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
-    rules = NextTokenRules(options, prefixes)
+    rules = NextTokenRules(options, prefixes, banned)
     row_prefixes = None if prefixes is None else [p for p in prefixes for _ in range(n_samples)]
     max_lengths = max_output_lengths(mask, options, model.config.max_positions, row_prefixes)
     cache = model.new_cache(model.encode(src, mask), mask)

@@ -29,6 +29,7 @@ def search(
     options: DecodingConfig,
     prefixes: Optional[list[Optional[list[int]]]] = None,
     scores: bool = True,
+    banned: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sentences with the search `options` names: sampling (`options.sampling`), greedy decoding
     (beam_size 1) or beam search.
@@ -41,19 +42,22 @@ def search(
         prefixes: per sentence, target tokens every output must start with (None: free); None for none at all.
         scores: False when the caller needs no scores: every `Hypothesis.score` is then NaN, and greedy decoding
             skips the per-step log-softmax (the same tokens).
+        banned: tokens no output contains (`rules.NextTokenRules`).
 
     Returns:
         Per sentence, `options.n_best` hypotheses: beam search's best first, samples in the order drawn.
     """
     if options.sampling:
-        found = sample_decode(decoder, src, src_key_padding_mask, options, prefixes)
+        found = sample_decode(decoder, src, src_key_padding_mask, options, prefixes, banned)
     elif options.beam_size == 1:
         found = [
             [h]
-            for h in greedy_decode(decoder, src, src_key_padding_mask, options, prefixes, scores)
+            for h in greedy_decode(
+                decoder, src, src_key_padding_mask, options, prefixes, scores, banned
+            )
         ]
     else:
-        found = beam_search(decoder, src, src_key_padding_mask, options, prefixes)
+        found = beam_search(decoder, src, src_key_padding_mask, options, prefixes, banned)
     if not scores:
         for hyps in found:
             for h in hyps:

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from ..config import Config, DecodingConfig, OptionError, config_from_dict
+from ..config.languages import reserved_pieces
 from ..ct2 import METADATA, ctranslate2_module
 from ..decoding import Hypothesis, gnmt_length_penalty, max_output_length
 from ..decoding.sampling import FLOAT32_TEMPERATURES
@@ -98,6 +99,8 @@ class CTranslate2Engine:
         self.max_source_len = self.config.model.max_positions  # eos included: CTranslate2 adds it
         self._runs: list[list[str]] = []
         self._runs_of = 0  # the max_repeat that _runs is for
+        # the pieces sources carry as marks (language tokens, tags) are never written, as in our searches
+        self._marks = [[piece] for piece in reserved_pieces(self.config.data)]
         self._told_length_penalty = False  # warned once that beam search ranks differently
 
     def warm_up(self) -> float:
@@ -171,7 +174,7 @@ class CTranslate2Engine:
             return_scores=beam,
             max_batch_size=options.batch_size,
             target_prefix=targets,
-            suppress_sequences=self._long_runs(options.max_repeat),
+            suppress_sequences=(self._long_runs(options.max_repeat) or []) + self._marks or None,
             **sampling,
         )
         # One cap per batch in CTranslate2: each output is cut at its own sentence's cap, as ours are. As in our

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..config import EOS_ID, Config, DecodingConfig, OptionError
+from ..config.languages import reserved_pieces
 from ..data import make_batch
 from ..decoding import Hypothesis, search
 from ..decoding.ensemble import EnsembleDecoder
@@ -94,6 +95,8 @@ class PyTorchEngine:
         decoders = [decoder_for(m, quantization, compile) for m in self.members]
         self.decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
         self.tokenizer, self.config = tokenizer, config
+        # the pieces sources carry as marks (language tokens, tags) are never written: `NextTokenRules.banned`
+        self.banned_ids = tuple(tokenizer.token_id(p) for p in reserved_pieces(config.data))
         self.parameters: Optional[int] = self.members[0].num_parameters()
         self.quantization, self.compile, self.workers = quantization, compile, workers
         self.max_source_len = self.decoder.config.max_positions
@@ -113,7 +116,13 @@ class PyTorchEngine:
             with torch.no_grad():  # grad mode is per thread: a worker thread needs its own
                 src = make_batch(batch.src_ids).to(self._device)
                 return search(
-                    self.decoder, src.src, src.src_key_padding_mask, options, batch.prefixes, scores
+                    self.decoder,
+                    src.src,
+                    src.src_key_padding_mask,
+                    options,
+                    batch.prefixes,
+                    scores,
+                    self.banned_ids,
                 )
 
         if self.workers == 1 or len(batches) < 2:
