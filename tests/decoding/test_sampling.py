@@ -10,6 +10,7 @@ import torch
 from tests.conftest import longest_run, random_tokens, search_options, tiny_model
 from tests.decoding.test_decoding import _src
 from transformer.config import EOS_ID, PAD_ID
+from transformer.decoding import TargetRules
 from transformer.decoding.beam import beam_search
 from transformer.decoding.greedy import greedy_decode
 from transformer.decoding.ngram import block_long_runs_, blocked_tokens
@@ -194,10 +195,11 @@ def test_forced_prefixes_in_a_batch_equal_each_line_alone(model, search):
 
     def run(src, mask, prefixes):
         if search == "greedy":
-            return [[h] for h in greedy_decode(model, src, mask, search_options(max_len_b=8), prefixes=prefixes)]
+            return [[h] for h in greedy_decode(model, src, mask, search_options(max_len_b=8), TargetRules(prefixes))]
         if search == "beam":
-            return beam_search(model, src, mask, search_options(beam_size=3, n_best=2, max_len_b=8), prefixes=prefixes)
-        return sample_decode(model, src, mask, _sampling(n_best=2, seed=1, max_len_b=8), prefixes=prefixes)
+            return beam_search(model, src, mask, search_options(beam_size=3, n_best=2, max_len_b=8),
+                               TargetRules(prefixes))
+        return sample_decode(model, src, mask, _sampling(n_best=2, seed=1, max_len_b=8), TargetRules(prefixes))
 
     together = run(src, mask, prefixes)
     for i, prefix in enumerate(prefixes):
@@ -243,6 +245,6 @@ def test_banned_tokens_never_appear_in_any_search(model):
     assert banned
     for options in (search_options(max_len_b=8), search_options(beam_size=4, n_best=4, max_len_b=8),
                     _sampling(n_best=3, seed=2, max_len_b=8)):
-        found = search(model, src, mask, options, banned=banned)
+        found = search(model, src, mask, options, TargetRules(banned=banned))
         assert all(not set(h.tokens) & set(banned) for hyps in found for h in hyps)
-    assert [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8), banned=())] == free
+    assert [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_b=8))] == free

@@ -13,7 +13,7 @@ import torch
 from tests.conftest import longest_run, search_options, tiny_model
 from tests.decoding.test_decoding import _src
 from transformer.config import BOS_ID, EOS_ID, PAD_ID
-from transformer.decoding import NextTokenRules, max_output_lengths, search
+from transformer.decoding import NextTokenRules, TargetRules, max_output_lengths, search
 from transformer.decoding.beam import beam_search
 from transformer.decoding.greedy import greedy_decode
 from transformer.decoding.sampling import sample_decode
@@ -43,12 +43,12 @@ def test_search_runs_the_search_its_options_name(model, prefixes):
     beam = search_options(beam_size=3, n_best=2, max_len_b=8, min_len=2, max_repeat=2)
     sampling = search_options(sampling=True, n_best=3, top_k=4, seed=9, max_len_b=8, min_len=2, max_repeat=2)
     direct = {
-        "greedy": [[h] for h in greedy_decode(model, src, mask, greedy, prefixes)],
-        "beam": beam_search(model, src, mask, beam, prefixes),
-        "sampling": sample_decode(model, src, mask, sampling, prefixes),
+        "greedy": [[h] for h in greedy_decode(model, src, mask, greedy, TargetRules(prefixes))],
+        "beam": beam_search(model, src, mask, beam, TargetRules(prefixes)),
+        "sampling": sample_decode(model, src, mask, sampling, TargetRules(prefixes)),
     }
     for name, options in (("greedy", greedy), ("beam", beam), ("sampling", sampling)):
-        found = search(model, src, mask, options, prefixes)
+        found = search(model, src, mask, options, TargetRules(prefixes))
         assert _found(found) == _found(direct[name]), name
         assert _scores(found) == pytest.approx(_scores(direct[name]), abs=1e-6), name
         assert [len(sentence) for sentence in found] == [options.n_best] * src.size(0), name
@@ -103,10 +103,11 @@ def test_greedy_beam_one_and_top_k_one_sampling_apply_the_rules_alike():
     rules = dict(max_len_a=0.0, max_len_b=14, min_len=6, max_repeat=2)
     plain = [h.tokens for h in greedy_decode(model, src, mask, search_options(max_len_a=0.0, max_len_b=14))]
     assert max(map(longest_run, plain)) > 2 and min(map(len, plain)) < 6  # the rules change outputs: can fail
-    greedy = search(model, src, mask, search_options(beam_size=1, **rules), prefixes)
-    beam_one = beam_search(model, src, mask, search_options(beam_size=1, length_penalty=0.0, **rules), prefixes)
-    top_1 = search(model, src, mask, search_options(sampling=True, n_best=2, top_k=1, seed=3, **rules), prefixes)
-    cold = search(model, src, mask, search_options(sampling=True, temperature=1e-4, seed=4, **rules), prefixes)
+    targets = TargetRules(prefixes)
+    greedy = search(model, src, mask, search_options(beam_size=1, **rules), targets)
+    beam_one = beam_search(model, src, mask, search_options(beam_size=1, length_penalty=0.0, **rules), targets)
+    top_1 = search(model, src, mask, search_options(sampling=True, n_best=2, top_k=1, seed=3, **rules), targets)
+    cold = search(model, src, mask, search_options(sampling=True, temperature=1e-4, seed=4, **rules), targets)
     expected = [h[0].tokens for h in greedy]
     assert all(tokens != free for tokens, free in zip(expected, plain))
     assert [h[0].tokens for h in beam_one] == expected
@@ -123,7 +124,7 @@ def test_greedy_beam_one_and_top_k_one_sampling_apply_the_rules_alike():
 def test_next_token_rules():
     vocab = 9
     options = search_options(min_len=2, max_repeat=2, no_repeat_ngram_size=2)
-    rules = NextTokenRules(options, prefixes=[[5, 6], None])
+    rules = NextTokenRules(options, TargetRules(prefixes=[[5, 6], None]))
 
     def blocked(history, sentences, step):
         """The tokens blocked per row, the same whether the history is lists or a tensor (beam search's)."""
@@ -145,7 +146,7 @@ def test_next_token_rules():
     # inside the prefix the forced token keeps the model's score, whatever the other rules would block
     scores = torch.log_softmax(torch.randn(1, vocab), -1)
     forced = scores.clone()
-    NextTokenRules(options, prefixes=[[4, 4, 4]]).apply_(forced, [[4, 4]], [0], 2)
+    NextTokenRules(options, TargetRules(prefixes=[[4, 4, 4]])).apply_(forced, [[4, 4]], [0], 2)
     assert forced[0, 4] == scores[0, 4] and torch.isinf(forced[0]).sum() == vocab - 1
     free = NextTokenRules(search_options())  # no rule but pad and bos
     scores = torch.zeros(1, vocab)

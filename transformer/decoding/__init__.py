@@ -6,7 +6,7 @@ runs and forced prefixes in `ngram.py`); the options of a call and the n-best se
 from .beam import gnmt_length_penalty
 from .hypothesis import Hypothesis
 from .interface import IncrementalCache, IncrementalDecoder
-from .rules import NextTokenRules, max_output_length, max_output_lengths
+from .rules import NextTokenRules, TargetRules, max_output_length, max_output_lengths
 from .search import search
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "IncrementalCache",
     "IncrementalDecoder",
     "NextTokenRules",
+    "TargetRules",
     "gnmt_length_penalty",
     "max_output_length",
     "max_output_lengths",

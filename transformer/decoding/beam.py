@@ -20,7 +20,7 @@ greedy decoding and sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ from ..config import BOS_ID, EOS_ID, DecodingConfig
 from ..fast.reductions import row_topk
 from .hypothesis import Hypothesis
 from .interface import IncrementalCache, IncrementalDecoder
-from .rules import NextTokenRules, max_output_lengths
+from .rules import NO_TARGET_RULES, NextTokenRules, TargetRules, max_output_lengths
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -245,8 +245,7 @@ def beam_search(
     src: Tensor,
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
-    prefixes: Optional[list[Optional[list[int]]]] = None,
-    banned: tuple[int, ...] = (),
+    targets: TargetRules = NO_TARGET_RULES,
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences.
 
@@ -257,16 +256,17 @@ def beam_search(
         options: beam_size (live hypotheses per sentence), length_penalty (α of the GNMT length penalty, 0
             disables it), n_best (hypotheses returned per sentence, <= beam_size), the length cap (max_len_a,
             max_len_b: `rules.max_output_lengths`) and the rules' options (`rules.NextTokenRules`).
-        prefixes: per sentence, target tokens every hypothesis must start with (None: free).
+        targets: per sentence, target tokens every hypothesis must start with (`TargetRules.prefixes`; None:
+            free), and the tokens none holds.
 
     Returns:
         Per sentence, n_best hypotheses sorted by score, best first (unfinished ones, cut at the length
         cap, only when fewer than n_best hypotheses finished).
     """
     max_lengths = max_output_lengths(
-        src_key_padding_mask, options, model.config.max_positions, prefixes
+        src_key_padding_mask, options, model.config.max_positions, targets.prefixes
     )
-    rules = NextTokenRules(options, prefixes, banned)
+    rules = NextTokenRules(options, targets)
     sentences = [_Sentence(m) for m in max_lengths]
     state = initialise(model, src, src_key_padding_mask, options.beam_size)
     for step in range(max(max_lengths)):

@@ -6,8 +6,6 @@ those of beam search and sampling.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -15,7 +13,7 @@ from ..config import BOS_ID, EOS_ID, DecodingConfig
 from ..fast.reductions import row_argmax
 from .hypothesis import Hypothesis
 from .interface import IncrementalCache, IncrementalDecoder
-from .rules import NextTokenRules, max_output_lengths
+from .rules import NO_TARGET_RULES, NextTokenRules, TargetRules, max_output_lengths
 
 
 def keep_unfinished(
@@ -62,9 +60,8 @@ def greedy_decode(
     src: Tensor,
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
-    prefixes: Optional[list[Optional[list[int]]]] = None,
+    targets: TargetRules = NO_TARGET_RULES,
     scores: bool = True,
-    banned: tuple[int, ...] = (),
 ) -> list[Hypothesis]:
     """Pick the most probable next token allowed by `NextTokenRules` until eos or the length cap, for a batch of
     sentences.
@@ -78,8 +75,8 @@ def greedy_decode(
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         options: the length cap (max_len_a, max_len_b: `rules.max_output_lengths`) and the rules' options (min_len,
             no_repeat_ngram_size, max_repeat); beam_size and the sampling options are not read.
-        prefixes: per sentence, target tokens that the output must start with (None: free), produced with the
-            model's scores before free decoding goes on.
+        targets: per sentence, target tokens that the output must start with (`TargetRules.prefixes`; None:
+            free), produced with the model's scores before free decoding goes on, and the tokens it never writes.
         scores: compute each hypothesis' log-probability (a log-softmax over the vocabulary per step). With
             False the most probable token is taken from the logits directly (the same tokens; the normalization
             is skipped, as CTranslate2 does unless asked for scores) and `Hypothesis.score` is NaN.
@@ -90,9 +87,9 @@ def greedy_decode(
     n = src.size(0)
     memory = model.encode(src, src_key_padding_mask)  # (batch, src_len, d_model)
     max_lengths = max_output_lengths(
-        src_key_padding_mask, options, model.config.max_positions, prefixes
+        src_key_padding_mask, options, model.config.max_positions, targets.prefixes
     )
-    rules = NextTokenRules(options, prefixes, banned)
+    rules = NextTokenRules(options, targets)
     cache = model.new_cache(memory, src_key_padding_mask)
     last = torch.full(
         (n,), BOS_ID, dtype=torch.long, device=src.device

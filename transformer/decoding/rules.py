@@ -14,6 +14,7 @@ Eos is never blocked by 3 or 4, so a hypothesis can always end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Union
 
 from torch import Tensor
@@ -69,27 +70,38 @@ def max_output_lengths(
     ]
 
 
-class NextTokenRules:
-    """The rules of the module docstring for one search call.
+@dataclass(frozen=True)
+class TargetRules:
+    """What the outputs of one search call must start with and must never hold, beside the options.
 
-    Args:
-        options: min_len, no_repeat_ngram_size and max_repeat are read.
+    Attributes:
         prefixes: per sentence, the target tokens its outputs must start with (None: free); None for no prefixes.
         banned: tokens no output may contain: the pieces a model's sources carry as marks (language tokens, tags),
             which are instructions to the model, never text it writes.
     """
 
-    def __init__(
-        self,
-        options: DecodingConfig,
-        prefixes: Optional[list[Optional[list[int]]]] = None,
-        banned: tuple[int, ...] = (),
-    ) -> None:
+    prefixes: Optional[list[Optional[list[int]]]] = None
+    banned: tuple[int, ...] = ()
+
+
+NO_TARGET_RULES = TargetRules()
+"""Free outputs: no prefix, nothing banned."""
+
+
+class NextTokenRules:
+    """The rules of the module docstring for one search call.
+
+    Args:
+        options: min_len, no_repeat_ngram_size and max_repeat are read.
+        targets: the forced prefixes and the banned tokens (`TargetRules`).
+    """
+
+    def __init__(self, options: DecodingConfig, targets: TargetRules = NO_TARGET_RULES) -> None:
         self.min_len = options.min_len
         self.no_repeat_ngram_size = options.no_repeat_ngram_size
         self.max_repeat = options.max_repeat
-        self.prefixes = prefixes
-        self.banned = list(banned)
+        self.prefixes = targets.prefixes
+        self.banned = list(targets.banned)
 
     def forced_token(self, sentence: int, step: int) -> int:
         """The token sentence `sentence` must produce at `step` (0: the first after bos), or -1 when free."""

@@ -11,7 +11,6 @@ K rows of their own (the sentence's source repeated K times); each stops at its 
 from __future__ import annotations
 
 import random
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -20,7 +19,7 @@ from ..config import BOS_ID, DecodingConfig
 from .greedy import keep_unfinished
 from .hypothesis import Hypothesis
 from .interface import IncrementalDecoder
-from .rules import NextTokenRules, max_output_lengths
+from .rules import NO_TARGET_RULES, NextTokenRules, TargetRules, max_output_lengths
 
 FLOAT32_TEMPERATURES = (1e-37, 1e37)
 """The temperatures that float32 divides by as given (its normal range, with a margin); outside them the division is
@@ -85,8 +84,7 @@ def sample_decode(
     src: Tensor,
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
-    prefixes: Optional[list[Optional[list[int]]]] = None,
-    banned: tuple[int, ...] = (),
+    targets: TargetRules = NO_TARGET_RULES,
 ) -> list[list[Hypothesis]]:
     """Draw options.n_best outputs per sentence (see the module docstring), each token among those that
     `rules.NextTokenRules` allows.
@@ -97,7 +95,8 @@ def sample_decode(
         options: n_best (independent samples per sentence), top_k, top_p, temperature (`sampling_distribution`),
             seed (with the source tokens and the sample's number, it fixes each sample's random stream), the length
             cap (max_len_a, max_len_b: `rules.max_output_lengths`) and the rules' options.
-        prefixes: per sentence, target tokens every sample starts with (None: free; no draw is spent on them).
+        targets: per sentence, target tokens every sample starts with (`TargetRules.prefixes`; None: free; no
+            draw is spent on them), and the tokens none holds.
 
     Returns:
         Per sentence, n_best hypotheses in the order drawn; each score is the sum of the model's own
@@ -116,7 +115,8 @@ def sample_decode(
     )  # (batch * n_samples, src_len): one row per sample
     mask = src_key_padding_mask.repeat_interleave(n_samples, dim=0)
     rows = src.size(0)
-    rules = NextTokenRules(options, prefixes, banned)
+    rules = NextTokenRules(options, targets)
+    prefixes = targets.prefixes
     row_prefixes = None if prefixes is None else [p for p in prefixes for _ in range(n_samples)]
     max_lengths = max_output_lengths(mask, options, model.config.max_positions, row_prefixes)
     cache = model.new_cache(model.encode(src, mask), mask)

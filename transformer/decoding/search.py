@@ -10,7 +10,6 @@ applies the same rules on the next token (`rules.NextTokenRules`) and stops at t
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from torch import Tensor
 
@@ -19,6 +18,7 @@ from .beam import beam_search
 from .greedy import greedy_decode
 from .hypothesis import Hypothesis
 from .interface import IncrementalDecoder
+from .rules import NO_TARGET_RULES, TargetRules
 from .sampling import sample_decode
 
 
@@ -27,9 +27,8 @@ def search(
     src: Tensor,
     src_key_padding_mask: Tensor,
     options: DecodingConfig,
-    prefixes: Optional[list[Optional[list[int]]]] = None,
+    targets: TargetRules = NO_TARGET_RULES,
     scores: bool = True,
-    banned: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sentences with the search `options` names: sampling (`options.sampling`), greedy decoding
     (beam_size 1) or beam search.
@@ -39,25 +38,22 @@ def search(
         src: `(batch, src_len)` LongTensor padded with pad_id, each sentence ending in eos.
         src_key_padding_mask: `(batch, src_len)` bool, True at padding.
         options: the whole decoding section (validated by `DecodingConfig`).
-        prefixes: per sentence, target tokens every output must start with (None: free); None for none at all.
+        targets: per sentence, target tokens every output must start with, and the tokens none holds
+            (`rules.TargetRules`; the default: free outputs).
         scores: False when the caller needs no scores: every `Hypothesis.score` is then NaN, and greedy decoding
             skips the per-step log-softmax (the same tokens).
-        banned: tokens no output contains (`rules.NextTokenRules`).
 
     Returns:
         Per sentence, `options.n_best` hypotheses: beam search's best first, samples in the order drawn.
     """
     if options.sampling:
-        found = sample_decode(decoder, src, src_key_padding_mask, options, prefixes, banned)
+        found = sample_decode(decoder, src, src_key_padding_mask, options, targets)
     elif options.beam_size == 1:
         found = [
-            [h]
-            for h in greedy_decode(
-                decoder, src, src_key_padding_mask, options, prefixes, scores, banned
-            )
+            [h] for h in greedy_decode(decoder, src, src_key_padding_mask, options, targets, scores)
         ]
     else:
-        found = beam_search(decoder, src, src_key_padding_mask, options, prefixes, banned)
+        found = beam_search(decoder, src, src_key_padding_mask, options, targets)
     if not scores:
         for hyps in found:
             for h in hyps:

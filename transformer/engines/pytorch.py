@@ -18,6 +18,7 @@ from ..data import make_batch
 from ..decoding import Hypothesis, search
 from ..decoding.ensemble import EnsembleDecoder
 from ..decoding.options import decoding_options
+from ..decoding.rules import TargetRules
 from ..fast import decoder_for
 from ..model import Transformer
 from ..tokenizer import Tokenizer
@@ -120,9 +121,8 @@ class PyTorchEngine:
                     src.src,
                     src.src_key_padding_mask,
                     options,
-                    batch.prefixes,
+                    TargetRules(batch.prefixes, self.banned_ids),
                     scores,
-                    self.banned_ids,
                 )
 
         if self.workers == 1 or len(batches) < 2:
