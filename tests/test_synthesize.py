@@ -257,5 +257,9 @@ def test_the_toy_chain_reverse_model_then_synthesis_then_training(trained_run, m
     translator = Translator.from_checkpoint(run / "checkpoints" / "best.pt")
     assert translator.languages == ["de"] and len(translator.translate(["A dog runs.", "Two men."])) == 2
     assert translator.config.data.synthetic[0].path == str(out)  # the run records where its corpus came from
+    from transformer.serve.service import TranslationService
+
+    assert TranslationService(translator).health()["languages"] == {  # a synthetic corpus is not a direction
+        "src_langs": ["en"], "tgt_langs": ["de"], "directions": []}
     pieces = Counter(translator.tokenizer.src_pieces("<bt> A dog"))
     assert pieces["<bt>"] == 1

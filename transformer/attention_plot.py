@@ -97,7 +97,11 @@ def attention_for(
 
 
 def request_attention(translator: Translator, request: TranslationRequest) -> dict:
-    """`attention_for` of a resolved request's first sentence (`Translator.request`): the server's /attention."""
+    """`attention_for` of a resolved request's first sentence (`Translator.request`): the server's /attention.
+
+    Raises:
+        AttentionPlotError: the translator's engine has no attention to read (CTranslate2).
+    """
     model = translator.engine.attention_model
     if model is None:
         raise AttentionPlotError(

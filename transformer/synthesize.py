@@ -171,7 +171,7 @@ def synthesize(
     """
     output = Path(output)
     counts = SynthesisCounts()
-    excluded = {line.strip() for line in unique_lines(list(exclude), SynthesisCounts())}
+    excluded = set(unique_lines(list(exclude), SynthesisCounts()))
     lines = unique_lines(inputs, counts, excluded)
     output_lang = options.target.code
     job = {

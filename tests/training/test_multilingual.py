@@ -199,7 +199,7 @@ def test_validation_scores_each_direction_and_their_mean_picks_best(multilingual
 def test_health_and_attention_know_the_languages(multilingual_run):
     translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
     health = TranslationService(translator).health()
-    assert health["languages"] == {"tgt_langs": ["a", "b"], "directions": ["x-a", "x-b"]}
+    assert health["languages"] == {"src_langs": ["x"], "tgt_langs": ["a", "b"], "directions": ["x-a", "x-b"]}
     data = attention_for(translator, "ka ke", translator.resolve_options(tgt_lang="b", beam_size=1, n_best=1))
     assert data["src_pieces"][0] == ">>b<<" and data["translation"] == "pa pe"
     assert len(data["cross"][0][0][0]) == len(data["src_pieces"])
@@ -211,7 +211,8 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     assert translator.translate(sentence, tgt_lang="en") == translator.translate(sentence)
     with pytest.raises(ConfigError, match=r"translates de->en only; tgt_lang 'fr' is not its language"):
         translator.translate(sentence, tgt_lang="fr")
-    assert TranslationService(translator).health()["languages"] == {"tgt_langs": ["en"], "directions": []}
+    assert TranslationService(translator).health()["languages"] == {"src_langs": ["de"], "tgt_langs": ["en"],
+                                                                   "directions": []}
     assert translator.engine.banned_ids == ()  # a bilingual model has no marks to ban
     # a token written at the start is a language instruction on every model: its own is taken out, another refused
     assert translator.translate([">>eng<< " + sentence[0]]) == translator.translate([">>en<<" + sentence[0]]) == \

@@ -250,8 +250,9 @@ class TranslationService:
 
     def health(self) -> dict[str, Any]:
         """Model, vocabulary (src_lang and tgt_lang: None where the model's directions differ in it), languages
-        (those a request's tgt_lang may name; a multilingual model's directions), device, uptime (seconds), limits,
-        decoding defaults and batching counts."""
+        (src_langs: those it translates from; tgt_langs: those a request's tgt_lang may name, a list of one for a
+        bilingual model; directions: a multilingual model's), device, uptime (seconds), limits, decoding defaults
+        and batching counts."""
         engine, config, tokenizer = (
             self.translator.engine,
             self.translator.config,
@@ -285,8 +286,10 @@ class TranslationService:
                 "joint": tokenizer.is_joint,
             },
             "languages": {
+                "src_langs": list(dict.fromkeys(src for src, _ in pairs)),
                 "tgt_langs": self.translator.languages,
-                "directions": [corpus.name for corpus in config.data.corpora if corpus.name],
+                # the named directions the model was scored on (a synthetic corpus is none)
+                "directions": [c.name for c in config.data.corpora if c.name and c.held_out],
             },
             "device": engine.device,
             "uptime_s": round(time.time() - self._started, 1),

@@ -175,29 +175,24 @@ async function translate() {
   }
 }
 
-// A multilingual model (several directions) is told the language to translate into: the "into" choice.
+// The language to translate into: the "into" choice, among the model's target languages (one for a bilingual model).
 function targetLanguage() {
-  return $("tgt-lang-choice").hidden ? {} : {tgt_lang: $("tgt-lang-select").value};
+  return {tgt_lang: $("tgt-lang-select").value};
 }
 
 async function describeModel() {
   try {
     const health = await (await fetch("/health")).json();
-    const m = health.model, v = health.vocabulary, directions = health.languages.directions;
+    const m = health.model, languages = health.languages;
     const params = m.parameters ? `${(m.parameters / 1e6).toFixed(1)}M parameters, ` : "";
-    let src = v.src_lang, tgt = v.tgt_lang;
-    if (directions.length) {
-      src = [...new Set(directions.map((d) => d.split("-")[0]))].join(", ");
-      tgt = health.languages.tgt_langs.join(", ");
-      const select = $("tgt-lang-select");
-      health.languages.tgt_langs.forEach((lang) => select.add(new Option(lang, lang)));
-      select.addEventListener("change", () => { $("tgt-lang").textContent = select.value; });
-      $("tgt-lang-choice").hidden = false;
-    }
+    const src = languages.src_langs.join(", "), tgt = languages.tgt_langs.join(", ");
+    const select = $("tgt-lang-select");
+    languages.tgt_langs.forEach((lang) => select.add(new Option(lang, lang)));
+    select.addEventListener("change", () => { $("tgt-lang").textContent = select.value; });
     $("model-info").textContent = `${src} → ${tgt} · ${m.checkpoint} · ${params}d_model ${m.d_model}, ` +
       `${m.n_encoder_layers}+${m.n_decoder_layers} layers, ${m.n_heads} heads · ${m.engine} on ${health.device}`;
     $("src-lang").textContent = src;
-    $("tgt-lang").textContent = directions.length ? $("tgt-lang-select").value : tgt;
+    $("tgt-lang").textContent = select.value;
     $("beam-size").value = health.decoding.beam_size;
     $("beam-size").max = health.limits.max_beam_size;
     $("n-best").max = health.limits.max_beam_size;
