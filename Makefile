@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate backtranslate notebook bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate backtranslate notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,22 +83,31 @@ evaluate: install
 	$(BIN)/python scripts/score_table.py $(RUN_DIR)
 
 # Back-translation (configs/multi30k_de_en_bt.yaml, multi30k_en_de_bt.yaml; BT=de_en or en_de): the reverse model
-# (runs/multi30k_TGT_SRC, trained with `make train` first if it has no best.pt; resumed if it stopped), Multi30k task 2's
-# target-language descriptions translated by it into runs/synthetic/task2_TGT_SRC (`transformer synthesize`, without
-# the lines of the parallel training text; it goes on where it stopped), then the BT recipe trained (resumed if it
-# stopped) and evaluated. Every step can be interrupted and the same command goes on.
+# (BT_REVERSE: by default runs/multi30k_TGT_SRC_reverse, the other bilingual recipe trained for BT_REVERSE_STEPS
+# updates, trained or resumed until it has them; BT_REVERSE=runs/multi30k_en_de uses a finished run as it is),
+# Multi30k task 2's target-language descriptions translated by it into runs/synthetic/task2_TGT_SRC
+# (`transformer synthesize`, without the lines of the parallel training text; it goes on where it stopped), then the
+# BT recipe trained (resumed if it stopped) and evaluated. Every step can be interrupted and the same command goes on.
 BT        ?= de_en
 TASK2_DIR ?= ../shared/data/multi30k_task2
 # The search that makes the synthetic sources (any `transformer translate` decoding flags).
 BT_SEARCH ?= --beam-size 1
 BT_SRC    := $(word 1,$(subst _, ,$(BT)))
 BT_TGT    := $(word 2,$(subst _, ,$(BT)))
-BT_REVERSE := runs/multi30k_$(BT_TGT)_$(BT_SRC)
+BT_REVERSE_STEPS ?= 3000
+BT_REVERSE_RUN := runs/multi30k_$(BT_TGT)_$(BT_SRC)_reverse
+BT_REVERSE ?= $(BT_REVERSE_RUN)
 BT_CORPUS := runs/synthetic/task2_$(BT_TGT)_$(BT_SRC)
 PARALLEL_DIR := $(or $(DATA_DIR),../shared/data/multi30k)
+
 backtranslate: install
-	@[ -f $(BT_REVERSE)/checkpoints/best.pt ] || $(MAKE) --no-print-directory train \
-		CONFIG=configs/multi30k_$(BT_TGT)_$(BT_SRC).yaml $$([ -f $(BT_REVERSE)/checkpoints/last.pt ] && echo RESUME=1)
+	@if [ "$(BT_REVERSE)" = "$(BT_REVERSE_RUN)" ]; then \
+		[ -f $(BT_REVERSE)/checkpoints/step_$(BT_REVERSE_STEPS).pt ] || $(BIN)/transformer train \
+			--config configs/multi30k_$(BT_TGT)_$(BT_SRC).yaml --run-dir $(BT_REVERSE) \
+			--set training.max_steps=$(BT_REVERSE_STEPS) $(EVAL_SET_FLAGS) \
+			$$([ -f $(BT_REVERSE)/checkpoints/last.pt ] && echo --resume) || exit $$?; \
+	elif [ ! -f $(BT_REVERSE)/checkpoints/best.pt ]; then \
+		echo "backtranslate: BT_REVERSE=$(BT_REVERSE) has no checkpoints/best.pt (a finished $(BT_TGT)->$(BT_SRC) run)"; exit 2; fi
 	@[ -f $(BT_CORPUS)/origin.json ] || $(BIN)/transformer synthesize --checkpoint $(BT_REVERSE)/checkpoints/best.pt \
 		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(BT_TGT).gz) --output $(BT_CORPUS) \
 		--exclude $(PARALLEL_DIR)/train.$(BT_TGT).gz $(BT_SEARCH)
@@ -109,6 +118,12 @@ backtranslate: install
 # (a container) Jupyter wants --allow-root.
 notebook: install
 	$(BIN)/jupyter lab notebooks/learn_the_transformer.ipynb $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# Executes the notebook headless on the venv's kernel and saves it with its outputs, as committed; section 7 reads the
+# model the notebook finds (TRANSFORMER_NOTEBOOK_DE_EN=CHECKPOINT make notebook-run names one).
+notebook-run: install
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=900 \
+		--ExecutePreprocessor.kernel_name=python3 notebooks/learn_the_transformer.ipynb
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt

@@ -170,7 +170,8 @@ def test_cli_translate_and_export_of_a_marian_folder(marian_dir, tmp_path, capsy
     assert capsys.readouterr().out.splitlines() == _generate(marian_dir, lines, 1, 12)
     assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
                  "--output", str(tmp_path / "hf")]) == 0
-    capsys.readouterr()
+    note = capsys.readouterr().out  # generate has no per-sentence cap: the export says how to give one
+    assert "no cap per sentence" in note and "max_length=64 tokens; give generate max_new_tokens" in note
     assert main(["export", "--format", "huggingface", "--checkpoint", str(marian_dir),
                  "--output", str(tmp_path / "hf")]) == 2  # exists: no overwrite without --force
     assert "use --force" in capsys.readouterr().err
@@ -290,6 +291,20 @@ def test_a_multi_target_marian_folder_gives_its_languages_to_tgt_lang(tmp_path, 
     assert capsys.readouterr().out.strip() == outputs["de"][0]
     single = write_marian(tmp_path / "one", seed=4)  # one token (>>fra<<): a bilingual model, as before
     assert Translator.from_checkpoint(single).languages == ["tgt"]
+
+
+def test_a_multi_target_folder_with_two_letter_tokens_names_the_same_languages(tmp_path):
+    """Older OPUS-MT vocabularies name their targets `>>de<<`, `>>fr<<`: the import reads them as de and fr (not a
+    bilingual model), and each translates as `transformers` does with that token written first."""
+    folder = write_marian(tmp_path / "two", seed=4, languages=("fr", "de"))
+    translator = Translator.from_checkpoint(folder)
+    assert translator.languages == ["fr", "de"]
+    lines = sentences(12, seed=6)
+    options = dict(beam_size=1, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
+    for lang in ("fr", "de"):
+        ours = translator.translate(lines, tgt_lang=lang, **options)
+        assert ours == _generate(folder, [f">>{lang}<< {line}" for line in lines], 1, 12), lang
+        assert translator.translate([f">>{lang}<< {line}" for line in lines], **options) == ours  # written alone
 
 
 def test_the_marian_tokenizer_loads_without_asking_for_sacremoses(marian_dir):

@@ -10,6 +10,8 @@ from transformer.config.languages import (
     parse_direction,
     token_language,
     without_written_token,
+    written_language,
+    written_runs,
 )
 
 
@@ -48,3 +50,20 @@ def test_another_languages_token_is_refused_naming_it_and_one_later_in_a_sentenc
         without_written_token(["A cat.", ">>deu<< A dog."], "fr")
     assert err.value.sentence == 1
     assert without_written_token(["A >>deu<< dog."], "fr") == ["A >>deu<< dog."]
+
+
+def test_the_written_language_is_the_one_every_sentence_names():
+    assert written_language([">>fra<< A.", ">>FR<<B."], ["en", "fr"]) == "fr"
+    assert written_language(["A.", "B >>fra<<."], ["en", "fr"]) is None  # only the start of a sentence is read
+    assert written_language([">>eng<< A.", "B."], ["en"]) == "en"  # one target: a sentence without a token is plain
+    for sentences, message in (([">>eng<< A.", "B."], "sentence 1 starts with >>eng<< and sentence 2 with no language"),
+                               (["A.", ">>fra<< B.", ">>eng<< C."], "sentence 2 starts with >>fra<< and sentence 3"),
+                               ([">>deu<< A."], "does not translate into: it translates into en, fr")):
+        with pytest.raises(WrittenLanguageError, match=message):
+            written_language(sentences, ["en", "fr"])
+
+
+def test_written_runs_split_where_the_named_language_changes():
+    lines = [">>fra<< a", ">>fr<< b", "c", "d", ">>eng<< e", ">>xx<< f", ">>xx<< g"]
+    assert written_runs(lines, ["en", "fr"]) == [(0, 2), (2, 4), (4, 5), (5, 7)]
+    assert written_runs([], ["en"]) == []

@@ -78,3 +78,45 @@ def test_the_notebook_and_its_paired_script_hold_the_same_cells():
     paired = jupytext.read(PAIRED)
     cells = lambda nb: [(c.cell_type, c.source.strip()) for c in nb.cells]  # noqa: E731
     assert cells(paired) == cells(committed), "run: jupytext --sync notebooks/learn_the_transformer.ipynb"
+
+
+def _section_7_helpers(root: Path) -> dict:
+    """The functions of the notebook's section 7 (the cell that finds a model), defined with ROOT = `root`."""
+    import ast
+    import json
+
+    from transformer.checkpoint import load_checkpoint
+
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if "def recipe_checkpoint" in "".join(c["source"]))
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    namespace = {"os": os, "Path": Path, "ROOT": root, "load_checkpoint": load_checkpoint}
+    exec(compile(tree, "section 7", "exec"), namespace)
+    return namespace
+
+
+def test_a_run_that_did_not_finish_is_never_taken_as_trained(trained_run, tmp_path, monkeypatch, capsys):
+    """Section 7 takes a recipe's best.pt only when its run made every planned update; one that stopped half-way
+    is named with its progress and skipped (the notebook then trains its short run, bounded in time)."""
+    import shutil
+
+    import torch
+
+    monkeypatch.delenv("TRANSFORMER_NOTEBOOK_DE_EN", raising=False)
+    helpers = _section_7_helpers(tmp_path)
+    finished = tmp_path / "runs" / "multi30k_de_en_bt" / "checkpoints"
+    shutil.copytree(trained_run / "checkpoints", finished)
+    assert helpers["progress"](finished / "last.pt") == (150, 150)
+    stopped = tmp_path / "runs" / "multi30k_de_en" / "checkpoints"
+    shutil.copytree(trained_run / "checkpoints", stopped)
+    state = torch.load(stopped / "last.pt", weights_only=False)
+    state["config"]["training"]["max_steps"] = 7000
+    torch.save(state, stopped / "last.pt")
+    assert helpers["recipe_checkpoint"]("TRANSFORMER_NOTEBOOK_DE_EN", ["multi30k_de_en", "multi30k_de_en_bt"]) == (
+        finished / "best.pt")
+    assert "runs/multi30k_de_en stopped at 150 of 7000 updates" in capsys.readouterr().out
+    shutil.rmtree(finished.parent)
+    assert helpers["recipe_checkpoint"]("TRANSFORMER_NOTEBOOK_DE_EN", ["multi30k_de_en", "multi30k_de_en_bt"]) is None
+    monkeypatch.setenv("TRANSFORMER_NOTEBOOK_DE_EN", str(stopped / "best.pt"))  # named: taken as given
+    assert helpers["recipe_checkpoint"]("TRANSFORMER_NOTEBOOK_DE_EN", ["multi30k_de_en"]) == stopped / "best.pt"

@@ -36,6 +36,16 @@ def test_restore_follows_the_alignment_the_glue_and_the_ends():
     assert prefixed.startswith("x y") and all(prefixed.count(c) == 1 for c in "ABCD")
 
 
+def test_a_span_goes_back_before_the_punctuation_that_followed_it():
+    """"in Łódź." is translated as "in." and restored as "in Łódź.", not "in. Łódź" (nor "in . Łódź.")."""
+    protected = Protected("Er spielt in.", 3, (Span("Łódź", 3, False, True, before_punctuation=True),))
+    assert PassThrough.restore("He plays in.", protected, [(0, 0), (1, 1), (2, 2)]) == "He plays in Łódź."
+    assert PassThrough.restore("He plays in!?", protected) == "He plays in Łódź!?"
+    assert PassThrough.restore("He plays in", protected) == "He plays in Łódź"
+    middle = Protected("aus, der spielt", 3, (Span("Łódź", 1, False, True, before_punctuation=True),))
+    assert PassThrough.restore("from, who plays", middle, [(0, 0), (1, 1), (2, 2)]) == "from Łódź, who plays"
+
+
 @pytest.fixture(scope="module")
 def translator(trained_run):
     return Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt", device="cpu")
@@ -70,6 +80,15 @@ def test_spans_follow_the_word_they_came_after(translator):
     assert start.startswith("\U0001F606 ") and end.endswith(" \U0001F606")
     glued = translator.translate(["Ein Mann\U0001F6B2 fährt."])[0]
     assert "\U0001F6B2" in glued and " \U0001F6B2" not in glued  # written onto a word, it stays on one
+
+
+def test_a_word_with_an_unknown_letter_leaves_its_punctuation_to_the_translation(translator):
+    sentence = "Ein Mann spielt Fußball in Łódź."
+    tokenizer = translator.tokenizer
+    protected = PassThrough(tokenizer).protect([sentence], tokenizer.src_ids([sentence]))[0]
+    assert protected.text == "Ein Mann spielt Fußball in." and [s.text for s in protected.spans] == ["Łódź"]
+    output = translator.translate([sentence])[0]
+    assert output.count("Łódź") == 1 and ". Łódź" not in output, output  # "… in Łódź." or "… in Łódź"
 
 
 def test_n_best_prefixes_and_a_sentence_of_spans_only(translator):

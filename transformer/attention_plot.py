@@ -61,16 +61,18 @@ ATTENTION_SEARCH = {"beam_size": 1}
 
 
 def attention_options(
-    translator: Translator, options: Optional[dict[str, Any]] = None
+    translator: Translator, options: Optional[dict[str, Any]] = None, sentence: Optional[str] = None
 ) -> ResolvedOptions:
     """The decoding of the translation whose attention is shown: the given options (`DecodingConfig` fields; None
-    values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis.
+    values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis. Without a
+    tgt_lang, a language token written at the start of `sentence` names the language.
 
     Raises:
         ConfigError: an option out of range, or a tgt_lang the model lacks.
     """
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    return translator.resolve_options(**{**ATTENTION_SEARCH, **given, "n_best": 1})
+    sentences = [sentence] if sentence is not None else None
+    return translator.resolve_options(sentences, **{**ATTENTION_SEARCH, **given, "n_best": 1})
 
 
 def attention_for(
@@ -81,7 +83,8 @@ def attention_for(
     Args:
         translator: the model.
         sentence: one source sentence.
-        options: decoding of the translation (default: `attention_options(translator)`, greedy); the best
+        options: decoding of the translation (default: `attention_options(translator, sentence=sentence)`,
+            greedy); the best
             hypothesis is used whatever its n_best.
 
     Returns:
@@ -92,7 +95,8 @@ def attention_for(
         WrittenLanguageError (a ConfigError): the sentence starts with another language's token than tgt_lang.
     """
     return request_attention(
-        translator, translator.request([sentence], options or attention_options(translator))
+        translator,
+        translator.request([sentence], options or attention_options(translator, sentence=sentence)),
     )
 
 
@@ -233,7 +237,7 @@ def run(
         raise AttentionPlotError(
             "{out}: the suffix must be .png, .svg or .pdf (or use --format json)", out=out
         )
-    data = attention_for(translator, sentence, attention_options(translator, options))
+    data = attention_for(translator, sentence, attention_options(translator, options, sentence))
     if data["truncated"]:
         logger.warning(
             "the sentence is longer than the model's max_positions=%d tokens: its first %d translated and "

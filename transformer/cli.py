@@ -518,7 +518,7 @@ def _note_compile(args: argparse.Namespace) -> None:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
     flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
-    from .config.languages import WrittenLanguageError
+    from .config.languages import WrittenLanguageError, target_languages, written_runs
     from .translate import Translator
 
     if args.buffer_size < 1:
@@ -532,8 +532,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
         compile=args.compile,
     )
     n_best = args.n_best or 1
+    kwargs = {**_decoding_kwargs(args), "n_best": n_best}
+    targets = target_languages(translator.config.data)
+    per_line = kwargs.get("tgt_lang") is None and len(targets) > 1  # lines may name theirs: >>fra<<
     options = translator.resolve_options(
-        n_best=n_best, **_decoding_kwargs(args)
+        **{**kwargs, "tgt_lang": targets[0]} if per_line else kwargs
     )  # bad ones fail before any input
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(
@@ -561,28 +564,26 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
                     f"least {index + len(lines)}: give one prefix line (empty for none) per input line"
                 )
-            try:
-                request = translator.request(lines, options, prefixes)
-            except (
-                WrittenLanguageError
-            ) as err:  # a line starting with another language's token: name the line
-                raise ConfigError(
-                    str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
-                ) from None
-            result = translator.run(request, scores=bool(args.n_best))
-            for i in result.empty:
-                logger.warning(
-                    "line %d: the translation is empty (the model ended it at once)", index + i + 1
+            runs = written_runs(lines, targets) if per_line else [(0, len(lines))]
+            for start, end in runs:
+                run_lines = lines[start:end]
+                run_prefixes = prefixes[start:end] if prefixes is not None else None
+                try:
+                    run_options = (
+                        translator.resolve_options(run_lines, **kwargs) if per_line else options
+                    )
+                    request = translator.request(run_lines, run_options, run_prefixes)
+                # a line starting with another language's token than tgt_lang: name the line
+                except WrittenLanguageError as err:
+                    raise ConfigError(
+                        str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
+                    ) from None
+                result = translator.run(request, scores=bool(args.n_best))
+                _warn_translation(translator, result, index)
+                out.write(
+                    "".join(_output_lines(translator, request, result, index, args)), len(run_lines)
                 )
-            for i in result.truncated:
-                logger.warning(
-                    "line %d has more than the model's max_positions=%d tokens: its first %d translated",
-                    index + i + 1,
-                    translator.engine.max_source_len,
-                    translator.engine.max_source_len - 1,
-                )
-            out.write("".join(_output_lines(translator, request, result, index, args)), len(lines))
-            index += len(lines)
+                index += len(run_lines)
         if prefix_reader and prefix_reader.read(1):
             raise DataError(
                 f"--prefix-file {args.prefix_file}: {count_lines(args.prefix_file)} lines, the input "
@@ -594,6 +595,21 @@ def cmd_translate(args: argparse.Namespace) -> int:
             prefix_reader.close()
         out.close(complete)
     return 0
+
+
+def _warn_translation(translator: Any, result: Any, index: int) -> None:
+    """Log the lines (numbered from `index` + 1) whose translation is empty or whose start only was translated."""
+    for i in result.empty:
+        logger.warning(
+            "line %d: the translation is empty (the model ended it at once)", index + i + 1
+        )
+    for i in result.truncated:
+        logger.warning(
+            "line %d has more than the model's max_positions=%d tokens: its first %d translated",
+            index + i + 1,
+            translator.engine.max_source_len,
+            translator.engine.max_source_len - 1,
+        )
 
 
 def _output_lines(
@@ -782,11 +798,14 @@ def cmd_export(args: argparse.Namespace) -> int:
                 else ""
             )
         )
-        if config.decoding.max_repeat:
-            print(
-                f"note: transformers' generate has no decoding.max_repeat={config.decoding.max_repeat}: where our "
-                "search stops a loop of one piece, generate goes on (--max-repeat 0 decodes as it does)"
-            )
+        d = config.decoding
+        print(
+            f"note: transformers' generate has no cap per sentence (ours: {d.max_len_a:g} * source tokens + "
+            f"{d.max_len_b}) and "
+            + (f"no decoding.max_repeat={d.max_repeat}" if d.max_repeat else "no other limit")
+            + f": an output that loops runs to max_length={config.model.max_positions} tokens; give generate "
+            "max_new_tokens (docs/huggingface.md)"
+        )
         return 0
     from .ct2 import export_ctranslate2
 

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Config, ConfigError, config_from_dict
-from .config.languages import language_pairs, token_language
+from .config.languages import OPUS_CODES, language_pairs, language_token, token_language
 from .files import CheckpointError, ExportError, check_replaceable, write_folder
 from .model import Transformer
 from .tokenizer import SPECIAL_PIECES, Tokenizer, TokenizerError
@@ -453,7 +453,21 @@ def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str],
         raise ConfigError(f"{folder / 'vocab.json'}: no unknown-token piece {unk_piece!r}")
     specials = _marian_specials(folder, marian, vocab[unk_piece])
     rest = [i for i in range(size) if i not in specials]
-    return list(SPECIAL_PIECES) + [pieces[i] for i in rest], specials + rest
+    return list(SPECIAL_PIECES) + _named_as_ours([pieces[i] for i in rest]), specials + rest
+
+
+def _named_as_ours(pieces: list[str]) -> list[str]:
+    """`pieces` with target-language tokens in the older two-letter style (`>>de<<`, `>>fr<<`, as some OPUS-MT
+    vocabularies have them) renamed as ours (`>>deu<<`, `>>fra<<`, `language_token`), so that the import reads
+    them as the model's languages; the ids are unchanged, so translations are too. A token whose new name is
+    already a piece is left as it is."""
+    taken = set(pieces)
+    out = []
+    for piece in pieces:
+        code = piece[2:-2] if piece.startswith(">>") and piece.endswith("<<") else ""
+        ours = language_token(code) if code in OPUS_CODES else piece
+        out.append(ours if ours not in taken else piece)
+    return out
 
 
 def _marian_specials(folder: Path, marian: dict[str, Any], unk: int) -> list[int]:

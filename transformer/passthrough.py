@@ -21,6 +21,7 @@ sentence, the rest is translated, and the span is put back into the translation,
 
 from __future__ import annotations
 
+import dataclasses
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,12 +42,16 @@ class Span:
         n_words_before: whitespace words of the remaining text before it (0: at the start).
         glued_left: no whitespace between it and the character before it.
         glued_right: no whitespace between it and the character after it.
+        before_punctuation: see below.
     """
 
     text: str
     n_words_before: int
     glued_left: bool
     glued_right: bool
+    before_punctuation: bool = False
+    """The punctuation written after it was translated on the word before it: it goes back before the
+    punctuation that ends that word's translation ("Łódź." -> "in Łódź.", not "in. Łódź")."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,15 @@ def _extends(char: str, previous: str) -> bool:
         or 0x1F3FB <= code <= 0x1F3FF
         or 0xE0020 <= code <= 0xE007F
     )
+
+
+_PUNCTUATION_END = ".,;:!?…)]}»\"'"
+"""What ends a translated word and goes after a span put back after it."""
+
+
+def _is_punctuation(cluster: str, unknown: bool) -> bool:
+    """A cluster the vocabulary knows that is punctuation (it stays in the text translated)."""
+    return not unknown and all(unicodedata.category(c).startswith("P") for c in cluster)
 
 
 def _is_regional_indicator(char: str) -> bool:
@@ -129,37 +143,41 @@ class PassThrough:
             unknown = [self.is_unknown(part) for part in parts]
             if not any(unknown):
                 kept.append(word)
-            elif not all(unknown) and any(
+                continue
+            # a word spelt with a letter the vocabulary lacks: one span, the punctuation around it not
+            letters = [
                 u and unicodedata.category(p[0]).startswith("L") for p, u in zip(parts, unknown)
-            ):
+            ]
+            if not all(unknown) and any(letters):
+                lead = next(i for i, p in enumerate(parts) if not _is_punctuation(p, unknown[i]))
+                end = len(parts)
+                while _is_punctuation(parts[end - 1], unknown[end - 1]):
+                    end -= 1
+                unknown = [lead <= i < end for i in range(len(parts))]
+            rest, i = "", 0
+            while i < len(parts):
+                if not unknown[i]:
+                    rest += parts[i]
+                    i += 1
+                    continue
+                j = i
+                while j < len(parts) and unknown[j]:
+                    j += 1
                 spans.append(
-                    Span(word, len(kept), False, False)
-                )  # a word spelt with a letter the vocabulary lacks
-            else:
-                rest, i = "", 0
-                while i < len(parts):
-                    if not unknown[i]:
-                        rest += parts[i]
-                        i += 1
-                        continue
-                    j = i
-                    while j < len(parts) and unknown[j]:
-                        j += 1
-                    spans.append(
-                        Span(
-                            "".join(parts[i:j]), len(kept) + bool(rest), bool(rest), j < len(parts)
-                        )
-                    )
-                    i = j
-                if (
-                    rest
-                    and kept
-                    and not spans[-1].glued_left
-                    and all(unicodedata.category(c).startswith("P") for c in rest)
-                ):
-                    kept[-1] += rest  # "Strand 👍." is translated as "Strand."
-                elif rest:
-                    kept.append(rest)
+                    Span("".join(parts[i:j]), len(kept) + bool(rest), bool(rest), j < len(parts))
+                )
+                i = j
+            if (
+                rest
+                and kept
+                and not spans[-1].glued_left
+                and all(unicodedata.category(c).startswith("P") for c in rest)
+            ):
+                kept[-1] += rest  # "Strand 👍." is translated as "Strand." and restored "beach 👍."
+                if spans[-1].glued_right:
+                    spans[-1] = dataclasses.replace(spans[-1], before_punctuation=True)
+            elif rest:
+                kept.append(rest)
         if not spans:
             return None
         return Protected(" ".join(kept), len(kept), tuple(spans))
@@ -199,13 +217,19 @@ class PassThrough:
         inserts: dict[int, list[Span]] = {}
         for span in protected.spans:
             inserts.setdefault(max(gap(span), min(n_prefix_words, n_tgt)), []).append(span)
-        out, glue_next = "", False
+        out, glue_next, held = "", False, ""
         for g in range(n_tgt + 1):
             for span in inserts.get(g, []):
                 out += ("" if not out or glue_next or span.glued_left else " ") + span.text
                 glue_next = span.glued_right
+            if held:  # the punctuation of the word before, after the spans that came before it
+                out, glue_next, held = out + held, False, ""
             if g < n_tgt:
-                out += ("" if not out or glue_next else " ") + words[g]
+                word = words[g]
+                if any(span.before_punctuation for span in inserts.get(g + 1, [])):
+                    core = word.rstrip(_PUNCTUATION_END)
+                    word, held = (core, word[len(core) :]) if core else (word, "")
+                out += ("" if not out or glue_next else " ") + word
                 glue_next = False
         return out
 

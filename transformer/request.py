@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .config import Config, DecodingConfig, OptionError
-from .config.languages import TargetLanguage, resolve_target, without_written_token
+from .config.languages import (
+    TargetLanguage,
+    resolve_target,
+    target_languages,
+    without_written_token,
+    written_language,
+)
 from .decoding.options import decoding_options
 from .tokenizer import Tokenizer
 
@@ -36,19 +42,28 @@ class ResolvedOptions:
     without tokens. Alignments and attention pictures skip them."""
 
 
-def resolve_options(config: Config, tokenizer: Tokenizer, **overrides: Any) -> ResolvedOptions:
+def resolve_options(
+    config: Config, tokenizer: Tokenizer, sentences: Optional[list[str]] = None, **overrides: Any
+) -> ResolvedOptions:
     """`config.decoding` with the given (non-None) overrides, validated (`decoding/options.py: decoding_options`),
     and the target language they name (`config/languages.py: resolve_target`).
 
     Args:
-        overrides: fields of `DecodingConfig` (`tgt_lang` among them: None is the model's only target language).
+        sentences: the sentences of the call, when known: without a tgt_lang, a target-language token written at
+            their start (`>>fra<< text`, the same on every one) names the language (`written_language`).
+        overrides: fields of `DecodingConfig` (`tgt_lang` among them: None is the language written at the start
+            of `sentences`, else the model's only target language).
 
     Raises:
         OptionError: an unknown option.
         ConfigError: an option out of range (e.g. n_best > beam_size), a sampling option without sampling, or a
             tgt_lang the model does not translate into (key decoding.tgt_lang, naming the model's languages).
+        WrittenLanguageError (a ConfigError): without tgt_lang, sentences that start with tokens of different
+            languages, or with a language the model does not translate into (`written_language`).
         TokenizerError: the vocabulary lacks the target language's token.
     """
+    if overrides.get("tgt_lang") is None and sentences:
+        overrides["tgt_lang"] = written_language(sentences, target_languages(config.data))
     options = decoding_options(config.decoding, **overrides)
     target = resolve_target(config.data, options.tgt_lang)
     prefix = tuple(tokenizer.token_id(piece) for piece in (target.token,) if piece)

@@ -40,6 +40,16 @@ def split_language_code(text: str) -> tuple[list[str], str]:
     return ([text[: end + 2]], text[end + 2 :]) if end != -1 else ([], text)
 
 
+def _user_defined_ids(proto: bytes) -> frozenset[int]:
+    """The ids of a sentencepiece model's user-defined pieces (the marks: language tokens, tags)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return frozenset(i for i, piece in enumerate(model.pieces) if piece.type == user_defined)
+
+
 def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     sp.LoadFromSerializedProto(proto)
@@ -86,6 +96,10 @@ class Tokenizer:
                     f"sentencepiece model has special ids {ids} (pad, unk, bos, eos); "
                     f"this project needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
                 )
+        self._marks = {"src": _user_defined_ids(src_proto)}
+        self._marks["tgt"] = (
+            self._marks["src"] if tgt_proto is None else _user_defined_ids(tgt_proto)
+        )
 
     @property
     def is_joint(self) -> bool:
@@ -101,20 +115,38 @@ class Tokenizer:
         return len(self.vocab) if self.vocab is not None else self.tgt.get_piece_size()
 
     def src_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
-        """Source token ids of each text, without eos."""
+        """Source token ids of each text, without eos. Text is text: a language token or tag written in it
+        (`>>fra<<`, anywhere) is spelled with ordinary pieces, never given the mark's id (`marks_as_text`); the
+        marks a model reads are put before the ids by their callers. A vocabulary of its own (a MarianMT import)
+        reads a `>>fra<<` at the very start as one piece, as MarianTokenizer does; later ones are text."""
         if self.vocab is None:
-            return self.src.encode(texts, out_type=int, num_threads=num_threads)
+            ids = self.src.encode(texts, out_type=int, num_threads=num_threads)
+            return [self.marks_as_text(i, "src") for i in ids]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self.src.encode(list(rests), out_type=str, num_threads=num_threads)
         return [self.piece_ids(code + p, "src") for code, p in zip(codes, pieces)]
 
     def tgt_ids(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
-        """Target token ids of each text, without bos/eos."""
+        """Target token ids of each text, without bos/eos (marks written in it spelled as text, as `src_ids`)."""
         if self.vocab is None:
-            return self.tgt.encode(texts, out_type=int, num_threads=num_threads)
+            ids = self.tgt.encode(texts, out_type=int, num_threads=num_threads)
+            return [self.marks_as_text(i, "tgt") for i in ids]
         return [
             self.piece_ids(p) for p in self.tgt.encode(texts, out_type=str, num_threads=num_threads)
         ]
+
+    def marks_as_text(self, ids: list[int], side: str = "src") -> list[int]:
+        """`ids` (of a sentencepiece encoding of text) with every reserved piece (a language token or tag the
+        vocabulary holds whole: sentencepiece matches those anywhere in a text) replaced by the pieces of its
+        characters (unk for one the vocabulary lacks), so that written text never carries a mark."""
+        marks = self._marks[side]
+        if marks.isdisjoint(ids):
+            return ids
+        sp = self.src if side == "src" else self.tgt
+        out: list[int] = []
+        for i in ids:
+            out.extend(sp.piece_to_id(list(sp.id_to_piece(i))) if i in marks else [i])
+        return out
 
     def piece_ids(self, pieces: list[str], side: str = "tgt") -> list[int]:
         """The token ids of `pieces` (unk for a piece the vocabulary lacks), side "src" or "tgt"."""

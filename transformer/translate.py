@@ -101,10 +101,14 @@ class Translator:
         """The languages the model translates into, in the order of its corpora (bilingual: [data.tgt_lang])."""
         return target_languages(self.config.data)
 
-    def resolve_options(self, **overrides: Any) -> ResolvedOptions:
+    def resolve_options(
+        self, sentences: Optional[list[str]] = None, **overrides: Any
+    ) -> ResolvedOptions:
         """The options of a call, the target language decided (`request.resolve_options`).
 
         Args:
+            sentences: the call's sentences, when known: without tgt_lang, a language token written at their start
+                names the language.
             overrides: fields of `DecodingConfig` (None: the config's value).
 
         Raises:
@@ -112,7 +116,7 @@ class Translator:
             ConfigError: an option out of range (e.g. n_best > beam_size), a sampling option without sampling, or a
                 tgt_lang the model cannot translate into (key decoding.tgt_lang, naming the model's languages).
         """
-        return resolve_options(self.config, self.tokenizer, **overrides)
+        return resolve_options(self.config, self.tokenizer, sentences, **overrides)
 
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The decoding section of `resolve_options(**overrides)`."""
@@ -179,7 +183,9 @@ class Translator:
                 tgt_lang the model cannot translate into; a WrittenLanguageError for a sentence that starts with
                 another language's token.
         """
-        request = self.request(sentences, self.resolve_options(n_best=n_best, **options), prefixes)
+        request = self.request(
+            sentences, self.resolve_options(sentences, n_best=n_best, **options), prefixes
+        )
         result = self.run(request, scores=scores, should_stop=should_stop, warn_truncated=True)
         if result.empty:
             logger.warning(

@@ -77,7 +77,11 @@ def test_the_language_token_starts_every_source_and_is_one_piece(multilingual_ru
     translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
     tokenizer = translator.tokenizer
     ids = {lang: tokenizer.token_id(f">>{lang}<<") for lang in "ab"}
-    assert ">>b<<" in tokenizer.src_pieces(">>b<< ka")  # a user-defined piece: whole wherever it is written
+    # the token is the model's mark, put by id: written in a text (anywhere) it is text, spelled with other pieces
+    for text in (">>b<< ka", "ka >>b<< ke", "ka>>a<<"):
+        assert not {ids["a"], ids["b"]} & set(tokenizer.src_ids([text])[0]), text
+        assert not {ids["a"], ids["b"]} & set(tokenizer.tgt_ids([text])[0]), text
+    assert tokenizer.src_ids(["ka ke"]) == tokenizer.src.encode(["ka ke"])  # text without marks: as sentencepiece
     for corpus, lang in zip(config.data.corpora, "ab"):
         cache = get_token_cache(corpus.section(config.data), "train", tokenizer)
         assert len(cache) == 1500 and all(cache.src(i)[0] == ids[lang] for i in range(len(cache)))
@@ -196,6 +200,45 @@ def test_validation_scores_each_direction_and_their_mean_picks_best(multilingual
     assert valid[-1]["best_bleu"] == max(r["bleu"] for r in valid)
 
 
+def test_a_written_token_alone_chooses_the_language_everywhere(multilingual_run, capsys):
+    """Without tgt_lang, the token written at the start names the language (as OPUS-MT's models are told theirs):
+    the API, the CLI (a file's lines each with their own token, run by run, in input order), the server and the
+    attention view; sentences of one call naming different languages are refused, naming the second."""
+    best = multilingual_run / "checkpoints" / "best.pt"
+    translator = Translator.from_checkpoint(best)
+    assert translator.translate([">>b<< ka ke ki", ">>B<<ko ku"]) == translator.translate(
+        ["ka ke ki", "ko ku"], tgt_lang="b") == ["pa pe pi", "po pu"]
+    assert translator.translate([">>a<< ka ke ki"]) == ["ma me mi"]
+    with pytest.raises(ConfigError, match="sentence 1 starts with >>a<< and sentence 2 with >>b<<") as err:
+        translator.translate([">>a<< ka", ">>b<< ka"])
+    assert err.value.sentence == 1
+    with pytest.raises(ConfigError, match="sentence 1 starts with >>a<< and sentence 2 with no language token"):
+        translator.translate([">>a<< ka", "ka"])
+    with pytest.raises(ConfigError, match=">>c<<.*does not translate into: it translates into a, b"):
+        translator.translate([">>c<< ka"])
+    lines = [("a", "ka ke"), ("b", "ka ke"), ("b", "ko ku ki"), ("a", "ku ka")]
+    assert main(["translate", "--checkpoint", str(best), *[f">>{lang}<< {text}" for lang, text in lines]]) == 0
+    expected = [translator.translate([text], tgt_lang=lang)[0] for lang, text in lines]
+    assert capsys.readouterr().out.splitlines() == expected and expected[0] != expected[1]
+    assert main(["translate", "--checkpoint", str(best), ">>a<< ka ke", "ko ku"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--tgt-lang" in error[0] and "one of a, b" in error[0], error
+    service = TranslationService(translator)
+
+    async def serve(text):
+        service.start()
+        try:
+            return await service.translate(text, {})
+        finally:
+            await service.stop()
+    assert asyncio.run(serve([">>b<< ka ke"]))["translations"] == translator.translate(["ka ke"], tgt_lang="b")
+    with pytest.raises(RequestError, match="sentence 1 starts with >>a<< and sentence 2 with >>b<<") as refused:
+        asyncio.run(serve([">>a<< ka", ">>b<< ka"]))
+    assert refused.value.status == 422 and refused.value.field == "text[1]"
+    data = attention_for(translator, ">>b<< ka ke")
+    assert data["translation"] == translator.translate(["ka ke"], tgt_lang="b")[0] and data["src_pieces"][0] == ">>b<<"
+
+
 def test_health_and_attention_know_the_languages(multilingual_run):
     translator = Translator.from_checkpoint(multilingual_run / "checkpoints" / "best.pt")
     health = TranslationService(translator).health()
@@ -217,8 +260,11 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     # a token written at the start is a language instruction on every model: its own is taken out, another refused
     assert translator.translate([">>eng<< " + sentence[0]]) == translator.translate([">>en<<" + sentence[0]]) == \
         translator.translate(sentence)
-    with pytest.raises(ConfigError, match="starts with >>fra<< but the target language is en"):
+    with pytest.raises(ConfigError, match=">>fra<<.*a language this model does not translate into: it "
+                                          "translates into en"):
         translator.translate([">>fra<< " + sentence[0]])
+    with pytest.raises(ConfigError, match="starts with >>fra<< but the target language is en"):
+        translator.translate([">>fra<< " + sentence[0]], tgt_lang="en")
 
 
 def test_a_bilingual_run_carries_no_language_token(trained_run, monkeypatch):

@@ -139,6 +139,64 @@ def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
     return out
 
 
+def written_language(sentences: list[str], languages: list[str]) -> Optional[str]:
+    """The one of `languages` named by the target-language tokens written at the start of `sentences` (in any
+    spelling `find_language` takes), when no tgt_lang is given: the token chooses the language, as OPUS-MT's
+    multi-target models are told theirs. None when no sentence starts with a token.
+
+    Raises:
+        WrittenLanguageError: a token naming none of `languages`, sentences naming different languages, or (a model
+            with several target languages) some starting with a token and others not: one call translates into one
+            language.
+    """
+    named: dict[str, int] = {}
+    plain = None
+    for i, sentence in enumerate(sentences):
+        written = _WRITTEN_TOKEN.match(sentence)
+        if not written:
+            plain = i if plain is None else plain
+            continue
+        code = find_language(written.group(1)[2:-2], languages)
+        if code is None:
+            raise WrittenLanguageError(
+                f"a sentence starts with {written.group(1)} ({sentence[:40].strip()!r}), a language this model "
+                f"does not translate into: it translates into {', '.join(languages)}",
+                i,
+            )
+        named.setdefault(code, i)
+    if not named:
+        return None
+    if len(named) > 1 or (plain is not None and len(languages) > 1):
+        first, second = (
+            sorted(named.values())[:2] if len(named) > 1 else sorted((min(named.values()), plain))
+        )
+        tokens = [_WRITTEN_TOKEN.match(sentences[i]) for i in (first, second)]
+        first_token, second_token = (t.group(1) if t else "no language token" for t in tokens)
+        detail = (
+            f"sentence {first + 1} starts with {first_token} and sentence {second + 1} with {second_token}: one "
+            f"call translates into one language; give tgt_lang or the same token on every sentence"
+        )
+        raise WrittenLanguageError(detail, second)
+    return next(iter(named))
+
+
+def written_runs(sentences: list[str], languages: list[str]) -> list[tuple[int, int]]:
+    """The (start, end) index ranges of the consecutive sentences whose starts name the same language of
+    `languages` (a written token in any spelling; a sentence without one, or with a token naming none of them,
+    is a language of its own): a file whose lines carry their own target tokens is translated run by run."""
+    keys = []
+    for sentence in sentences:
+        written = _WRITTEN_TOKEN.match(sentence)
+        token = written.group(1) if written else None
+        keys.append(find_language(token[2:-2], languages) or token if token else None)
+    runs, start = [], 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
 def parse_direction(direction: str) -> tuple[str, str]:
     """("de", "en") of "de-en".
 

@@ -94,21 +94,24 @@ class SubwordSampler:
 
     def src_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Source ids of one sampled segmentation of each text, without eos (as `Tokenizer.src_ids`)."""
-        if self.tokenizer.vocab is None:
-            return [
-                self.src_prefix + self.tokenizer.piece_ids(p, "src")
-                for p in self._pieces("src", texts, rng)
-            ]
+        tokenizer = self.tokenizer
+        if tokenizer.vocab is None:
+            ids = [tokenizer.piece_ids(p, "src") for p in self._pieces("src", texts, rng)]
+            return [self.src_prefix + tokenizer.marks_as_text(i, "src") for i in ids]
         codes, rests = zip(*map(split_language_code, texts)) if texts else ((), ())
         pieces = self._pieces("src", list(rests), rng)
         return [
-            self.src_prefix + self.tokenizer.piece_ids(code + p, "src")
-            for code, p in zip(codes, pieces)
+            self.src_prefix + tokenizer.piece_ids(code + p, "src") for code, p in zip(codes, pieces)
         ]
 
     def tgt_ids(self, texts: list[str], rng: random.Random) -> list[list[int]]:
         """Target ids of one sampled segmentation of each text, without bos/eos (as `Tokenizer.tgt_ids`)."""
-        return [self.tokenizer.piece_ids(p) for p in self._pieces("tgt", texts, rng)]
+        ids = [self.tokenizer.piece_ids(p) for p in self._pieces("tgt", texts, rng)]
+        return (
+            ids
+            if self.tokenizer.vocab is not None
+            else [self.tokenizer.marks_as_text(i, "tgt") for i in ids]
+        )
 
     def _pieces(self, side: str, texts: list[str], rng: random.Random) -> list[list[str]]:
         model = self._sides[side]

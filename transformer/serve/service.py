@@ -168,7 +168,7 @@ class TranslationService:
         """
         start, given_n_best = time.perf_counter(), options.get("n_best")
         sentences = self._sentences(text)
-        options = self._options(options, TRANSLATE_OPTIONS)
+        options = self._options(options, TRANSLATE_OPTIONS, sentences)
         if prefix is not None and len(prefix) != len(sentences):
             raise RequestError(
                 422, "prefix", f"one prefix per sentence ({len(sentences)}), got {len(prefix)}"
@@ -237,7 +237,7 @@ class TranslationService:
         sentence = self._sentences([text], one=True)[0]
         given = {name: value for name, value in options.items() if value is not None}
         options = self._options(
-            {**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, n_best=1
+            {**ATTENTION_SEARCH, **given}, ATTENTION_OPTIONS, [sentence], n_best=1
         )  # greedy by default
         request = self._request([sentence], options, None, one=True)
         try:
@@ -337,11 +337,12 @@ class TranslationService:
         self,
         given: Mapping[str, Any],
         allowed: list[dataclasses.Field],
+        sentences: list[str],
         n_best: Optional[int] = None,
     ) -> ResolvedOptions:
         """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits,
-        the target language resolved (the request's only resolution); `n_best`, if given, is the service's own choice
-        (the request may not set it)."""
+        the target language resolved (the request's only resolution: without tgt_lang, a token written at the start
+        of the `sentences` names it); `n_best`, if given, is the service's own choice (the request may not set it)."""
         unknown = [name for name in given if name not in {f.name for f in allowed}]
         if unknown:
             raise RequestError(422, unknown[0], "unknown option")
@@ -364,7 +365,10 @@ class TranslationService:
             )
         values = dict(given) if n_best is None else {**given, "n_best": n_best}
         try:
-            return self.translator.resolve_options(**values)
+            return self.translator.resolve_options(sentences, **values)
+        except WrittenLanguageError as err:
+            field = "text" if len(sentences) == 1 else f"text[{err.sentence}]"
+            raise RequestError(422, field, err.detail) from None
         except ConfigError as err:
             raise RequestError(
                 422, err.key and err.key.removeprefix("decoding."), err.detail
