@@ -86,7 +86,7 @@ def test_back_translation_recipes_are_their_bilingual_recipe_plus_the_reverse_mo
                                            "weight": 1.0, "direction": ""}]
     assert bt["data"].pop("parallel_weight") == 4.0  # the parallel pairs about half of each epoch
     plain["data"].pop("synthetic"), plain["data"].pop("parallel_weight")
-    schedule = {"max_steps": 12000, "eval_every_steps": 3000}  # for about 5x the data (docs/experiments.md)
+    schedule = {"max_steps": 10000, "eval_every_steps": 2500}  # for about 5x the data (docs/experiments.md)
     assert {key: bt["training"].pop(key) for key in schedule} == schedule
     assert bt == {**plain, "training": {k: v for k, v in plain["training"].items() if k not in schedule}}
     makefile = (ROOT / "Makefile").read_text()
