@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate backtranslate notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate backtranslate distill notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -113,6 +113,30 @@ backtranslate: install
 		--exclude $(PARALLEL_DIR)/train.$(BT_TGT).gz $(BT_SEARCH)
 	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(BT)_bt.yaml \
 		$$([ -f runs/multi30k_$(BT)_bt/checkpoints/last.pt ] && echo RESUME=1)
+
+# Sequence-level knowledge distillation (Kim & Rush 2016; configs/multi30k_de_en_student.yaml, en_de_student.yaml;
+# DISTILL=de_en or en_de): the teacher (TEACHER: one checkpoint or several, an ensemble; by default the bilingual
+# recipe's best.pt, trained and evaluated with `make train` first if runs/multi30k_SRC_TGT has no test scores yet)
+# translates the parallel training sources with DISTILL_SEARCH into runs/distilled/train_SRC_TGT (`transformer
+# synthesize`; it goes on where it stopped), then the student recipe is trained on them (resumed if it stopped) and
+# evaluated.
+DISTILL ?= de_en
+DISTILL_SEARCH ?= --beam-size 4
+DISTILL_SRC := $(word 1,$(subst _, ,$(DISTILL)))
+TEACHER_RUN := runs/multi30k_$(DISTILL)
+TEACHER ?= $(TEACHER_RUN)/checkpoints/best.pt
+DISTILLED := runs/distilled/train_$(DISTILL)
+
+distill: install
+	@if [ "$(TEACHER)" = "$(TEACHER_RUN)/checkpoints/best.pt" ]; then \
+		[ -f $(TEACHER_RUN)/eval_test_best_beam.json ] || $(MAKE) --no-print-directory train \
+			CONFIG=configs/multi30k_$(DISTILL).yaml $$([ -f $(TEACHER_RUN)/checkpoints/last.pt ] && echo RESUME=1) \
+			|| exit $$?; \
+	else for c in $(TEACHER); do [ -e $$c ] || { echo "distill: TEACHER: $$c not found"; exit 2; }; done; fi
+	@[ -f $(DISTILLED)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
+		--input $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz --output $(DISTILLED) $(DISTILL_SEARCH)
+	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
+		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.

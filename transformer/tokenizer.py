@@ -195,10 +195,9 @@ class Tokenizer:
         return [self.id_to_piece(i) for i in ids]
 
     def src_pieces(self, text: str) -> list[str]:
-        """Source pieces of one sentence, eos included."""
-        if self.vocab is None:
-            return self.src.encode(text, out_type=str) + ["</s>"]
-        return [self.vocab[i] for i in self.src_ids([text])[0]] + ["</s>"]
+        """Source pieces of one sentence, eos included: the pieces of `src_ids` (a mark written in the text is
+        spelled with ordinary pieces)."""
+        return [self.id_to_piece(i, "src") for i in self.src_ids([text])[0]] + ["</s>"]
 
     def decode_tgt(self, ids: Iterable[int], keep_unk: bool = False) -> str:
         """Detokenized target text. Special ids are dropped; unk too unless keep_unk (then shown as ⁇)."""

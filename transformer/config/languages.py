@@ -218,13 +218,15 @@ def check_synthetic(data: Any) -> None:
     and names are checked by `corpora_of`).
 
     Raises:
-        ConfigError: a weight that is not positive, a tag with whitespace or written as a language token, or a tag
-            with data.joint_vocab false (the one vocabulary holds the tags as whole pieces).
+        ConfigError: a weight that is not positive (data.parallel_weight may be 0 beside synthetic corpora), a tag
+            with whitespace or written as a language token, or a tag with data.joint_vocab false (the one
+            vocabulary holds the tags as whole pieces).
     """
     _require(
-        data.parallel_weight > 0,
+        data.parallel_weight > 0 or (data.parallel_weight == 0 and bool(data.synthetic)),
         "data.parallel_weight",
-        f"must be positive, got {data.parallel_weight}",
+        f"must be positive, or 0 beside data.synthetic (the parallel pairs then validate only, as for a "
+        f"distilled student), got {data.parallel_weight}",
     )
     for i, entry in enumerate(data.synthetic):
         key = f"data.synthetic[{i}]"
@@ -336,6 +338,7 @@ class Corpus:
             path=self.path or data.path,
             hf_dataset=None if self.path else data.hf_dataset,
             synthetic=[],
+            parallel_weight=1.0,  # the view reads one corpus; its weight is the corpus's
         )
         object.__setattr__(view, "corpora", (self,))
         return view

@@ -173,7 +173,8 @@ class DataConfig:
     """Corpora made by a model, trained on beside the parallel data (`SyntheticCorpusConfig`); [] for none."""
     parallel_weight: float = 1.0
     """The parallel corpora's weight in each epoch against the synthetic ones (2: their pairs count twice, an
-    upsampling of the real data); with no synthetic corpus it changes nothing."""
+    upsampling of the real data; 0: none is trained on, they validate only, as for a student trained on its
+    teacher's translations); with no synthetic corpus it changes nothing."""
     direction_temperature: float = 1.0
     """With directions: each epoch draws direction d's share of pairs with probability proportional to n_d^(1/T),
     n_d its training pairs (T >= 1; 1: in proportion to the sizes; 5 is common; large: uniform)."""

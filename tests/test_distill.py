@@ -1,0 +1,89 @@
+"""Distilled students (`make distill`): a teacher translates the parallel training sources (`transformer
+synthesize`), a student with a deep encoder and a one-layer decoder trains on those translations only
+(`data.parallel_weight: 0`, the references validating), and the student is a model like any other: it exports to
+CTranslate2 and MarianMT, translating alike, and serves."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import write_small_config
+from tests.test_synthesize import TINY
+from transformer.cli import main
+from transformer.config import ConfigError, load_config
+from transformer.training.data import prepare_data, training_epochs
+from transformer.translate import Translator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_student_recipes_train_on_the_teachers_translations_only():
+    for pair in ("de_en", "en_de"):
+        student = load_config(ROOT / f"configs/multi30k_{pair}_student.yaml")
+        teacher = load_config(ROOT / f"configs/multi30k_{pair}.yaml")
+        assert student.model.n_decoder_layers == 1 < teacher.model.n_decoder_layers  # decoding cost: the decoder
+        assert student.model.n_encoder_layers > teacher.model.n_encoder_layers
+        real, distilled = student.data.corpora
+        assert real.weight == 0 and distilled.weight == 1 and not distilled.tag and distilled.held_out is False
+        assert distilled.path == f"runs/distilled/train_{pair}"
+    assert "DISTILLED := runs/distilled/train_$(DISTILL)" in (ROOT / "Makefile").read_text()
+
+
+def test_a_parallel_weight_of_0_needs_a_synthetic_corpus(tmp_path, multi30k_subset):
+    with pytest.raises(ConfigError, match="data.parallel_weight: must be positive, or 0 beside data.synthetic"):
+        load_config(write_small_config(tmp_path, multi30k_subset, data={"parallel_weight": 0.0}))
+
+
+@pytest.mark.slow
+def test_the_toy_chain_teacher_then_its_translations_then_a_student(trained_run, multi30k_subset, tmp_path):
+    """As `make distill` runs it: the teacher (trained_run, de->en) translates training sources with beam search,
+    a 2+1-layer student trains on its outputs only, then exports and serves."""
+    sources = gzip.decompress((multi30k_subset / "train.de.gz").read_bytes()).decode().split("\n")[:800]
+    (tmp_path / "train.de").write_text("\n".join(sources) + "\n")
+    distilled = tmp_path / "distilled"
+    done = subprocess.run([sys.executable, "-m", "transformer", "synthesize", "--checkpoint",
+                           str(trained_run / "checkpoints" / "best.pt"), "--input", str(tmp_path / "train.de"),
+                           "--output", str(distilled), "--beam-size", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    teacher = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    kept = gzip.decompress((distilled / "train.de.gz").read_bytes()).decode().splitlines()
+    outputs = gzip.decompress((distilled / "train.en.gz").read_bytes()).decode().splitlines()
+    assert len(kept) == len(outputs) > 600
+    assert outputs[:20] == teacher.translate(kept[:20], beam_size=2)  # the targets are the teacher's translations
+    model = {**TINY["model"], "n_encoder_layers": 2, "n_decoder_layers": 1}
+    data = {**TINY["data"], "synthetic": [{"path": str(distilled), "name": "kd", "tag": ""}], "parallel_weight": 0.0}
+    config_path = write_small_config(tmp_path, multi30k_subset, **{**TINY, "model": model, "data": data})
+    config = load_config(config_path)
+    tokenizer, caches, _ = prepare_data(config, tmp_path / "probe")
+    epoch = training_epochs(config, tmp_path / "probe", tokenizer, caches).epoch(0)
+    assert list(np.bincount(epoch.direction, minlength=2)) == [0, sum(len(c) for c in caches)]  # references: none
+    run = tmp_path / "student"
+    assert main(["train", "--config", str(config_path), "--run-dir", str(run)]) == 0
+    best = run / "checkpoints" / "best.pt"
+    student = Translator.from_checkpoint(best)
+    assert student.config.model.n_decoder_layers == 1
+    lines = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch."]
+    greedy = student.translate(lines, beam_size=1)
+    for fmt in ("ctranslate2", "huggingface"):
+        out = tmp_path / fmt
+        assert main(["export", "--format", fmt, "--checkpoint", str(best), "--output", str(out)]) == 0
+        assert Translator.from_checkpoint(out).translate(lines, beam_size=1) == greedy, fmt
+    from transformer.serve.service import TranslationService
+
+    service = TranslationService(student)
+
+    async def serve():
+        service.start()
+        try:
+            return await service.translate(lines, {"beam_size": 1})
+        finally:
+            await service.stop()
+    assert asyncio.run(serve())["translations"] == greedy
