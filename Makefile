@@ -84,7 +84,8 @@ evaluate: install
 
 # Back-translation (configs/multi30k_de_en_bt.yaml, multi30k_en_de_bt.yaml; BT=de_en or en_de): the reverse model
 # (BT_REVERSE: by default runs/multi30k_TGT_SRC_reverse, the other bilingual recipe trained for BT_REVERSE_STEPS
-# updates, trained or resumed until it has them; BT_REVERSE=runs/multi30k_en_de uses a finished run as it is),
+# updates, trained or resumed until it has them (a finished run returns at once); BT_REVERSE=runs/multi30k_en_de uses
+# a finished run as it is),
 # Multi30k task 2's target-language descriptions translated by it into runs/synthetic/task2_TGT_SRC
 # (`transformer synthesize`, without the lines of the parallel training text; it goes on where it stopped), then the
 # BT recipe trained (resumed if it stopped) and evaluated. Every step can be interrupted and the same command goes on.
@@ -102,7 +103,7 @@ PARALLEL_DIR := $(or $(DATA_DIR),../shared/data/multi30k)
 
 backtranslate: install
 	@if [ "$(BT_REVERSE)" = "$(BT_REVERSE_RUN)" ]; then \
-		[ -f $(BT_REVERSE)/checkpoints/step_$(BT_REVERSE_STEPS).pt ] || $(BIN)/transformer train \
+		$(BIN)/transformer train \
 			--config configs/multi30k_$(BT_TGT)_$(BT_SRC).yaml --run-dir $(BT_REVERSE) \
 			--set training.max_steps=$(BT_REVERSE_STEPS) $(EVAL_SET_FLAGS) \
 			$$([ -f $(BT_REVERSE)/checkpoints/last.pt ] && echo --resume) || exit $$?; \

@@ -460,14 +460,9 @@ fig.tight_layout()
 # %%
 from transformer import Translator
 from transformer.checkpoint import load_checkpoint
+from transformer.training.checkpoint import run_progress
 
 SHORT_RUN_LIMIT_S = 600  # the fallback's training stops here; running the cell again goes on from where it stopped
-
-
-def progress(checkpoint):
-    """(updates made, updates planned) of a checkpoint written by `transformer train`."""
-    state = load_checkpoint(checkpoint)
-    return state["train_state"]["step"], state["config"]["training"]["max_steps"]
 
 
 def recipe_checkpoint(variable, recipes):
@@ -475,11 +470,11 @@ def recipe_checkpoint(variable, recipes):
     if os.environ.get(variable):
         return Path(os.environ[variable])
     for recipe in recipes:
-        best = ROOT / "runs" / recipe / "checkpoints" / "best.pt"
-        if best.is_file() and (ROOT / "runs" / recipe / "checkpoints" / "last.pt").is_file():
-            done, planned = progress(ROOT / "runs" / recipe / "checkpoints" / "last.pt")
-            if done >= planned:
-                return best
+        run = ROOT / "runs" / recipe
+        if (run / "checkpoints" / "best.pt").is_file() and (run / "checkpoints" / "last.pt").is_file():
+            done, planned, finished = run_progress(run)
+            if finished:
+                return run / "checkpoints" / "best.pt"
             print(f"runs/{recipe} stopped at {done} of {planned} updates: `make train RESUME=1` finishes it")
     return None
 
@@ -494,8 +489,8 @@ if de_en is None:
                "--set", "training.warmup_steps=100", "--set", "training.eval_every_steps=100",
                "--set", "data.subword_sampling=false"]
     last = run_dir / "checkpoints" / "last.pt"
-    done, planned = progress(last) if last.is_file() else (0, 200)
-    if done < planned:
+    done, planned, finished = run_progress(run_dir) if last.is_file() else (0, 200, False)
+    if not finished:
         command += ["--resume"] if last.is_file() else []
         print("$ transformer", " ".join(command[3:]))
         start = time.perf_counter()
@@ -506,9 +501,9 @@ if de_en is None:
         except subprocess.TimeoutExpired:
             pass  # the run saved its checkpoints as it went; the cell goes on with the last one
         print(f"{time.perf_counter() - start:.0f} s")
-        done, planned = progress(last)
-    de_en = run_dir / "checkpoints" / ("best.pt" if done >= planned else "last.pt")
-    status = "finished" if done >= planned else "NOT finished: run this cell again to go on"
+        done, planned, finished = run_progress(run_dir)
+    de_en = run_dir / "checkpoints" / ("best.pt" if finished else "last.pt")
+    status = "finished" if finished else "NOT finished: run this cell again to go on"
     print(f"short run {status}: {done} of {planned} updates")
 
 state = load_checkpoint(de_en)["train_state"]

@@ -49,6 +49,18 @@ def test_resume_continues_where_training_stopped(tmp_path, multi30k_subset, trai
     assert "reusing the sentencepiece model" in result.stderr
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [5, 10, 10, 15, 20, 20, 25, 30, 30]
+    # A finished run resumed again: said, and nothing rebuilt or rewritten (scripts resume without asking first)
+    last = run_dir / "checkpoints" / "last.pt"
+    before = (last.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text())
+    result = run_cli("train", "--config", str(config), "--run-dir", str(run_dir), "--resume",
+                     "--set", "training.max_steps=30")
+    assert result.returncode == 0, result.stderr
+    assert "the run has finished (30 of training.max_steps=30 updates)" in result.stderr
+    assert "done: 30 steps" in result.stdout and "reusing the sentencepiece model" not in result.stderr
+    assert (last.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text()) == before
+    result = run_cli("train", "--config", str(config), "--run-dir", str(run_dir), "--resume",
+                     "--set", "model.d_ff=128")  # a config that could not resume it is still refused
+    assert result.returncode == 2 and "model.d_ff" in result.stderr
 
 
 def test_translate_arguments_stdin_and_files(trained_run, tmp_path):

@@ -535,9 +535,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     kwargs = {**_decoding_kwargs(args), "n_best": n_best}
     targets = target_languages(translator.config.data)
     per_line = kwargs.get("tgt_lang") is None and len(targets) > 1  # lines may name theirs: >>fra<<
+    # Bad options fail before any input is read. With per_line each run of lines resolves its options (and its
+    # language) below; here any target language stands in, to check the others.
     options = translator.resolve_options(
         **{**kwargs, "tgt_lang": targets[0]} if per_line else kwargs
-    )  # bad ones fail before any input
+    )
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(
             f"--alignment reads our model's attention; a {translator.engine.name} model has none"

@@ -140,7 +140,7 @@ class Tokenizer:
         vocabulary holds whole: sentencepiece matches those anywhere in a text) replaced by the pieces of its
         characters (unk for one the vocabulary lacks), so that written text never carries a mark."""
         marks = self._marks[side]
-        if marks.isdisjoint(ids):
+        if not marks or marks.isdisjoint(ids):
             return ids
         sp = self.src if side == "src" else self.tgt
         out: list[int] = []

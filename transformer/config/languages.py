@@ -107,6 +107,16 @@ _WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
 """A target-language token written at the start of a sentence, as OPUS-MT's multi-target models are given one."""
 
 
+def _written_token(sentence: str, languages: list[str]) -> tuple[Optional[str], Optional[str], int]:
+    """The target-language token written at the very start of `sentence` (`>>fra<<`), the one of `languages` it
+    names in any spelling `find_language` takes (None if none), and where the text after it begins; (None, None, 0)
+    when the sentence starts with no token."""
+    written = _WRITTEN_TOKEN.match(sentence)
+    if not written:
+        return None, None, 0
+    return written.group(1), find_language(written.group(1)[2:-2], languages), written.end()
+
+
 class WrittenLanguageError(ConfigError):
     """A sentence starts with the token of another language (`>>deu<<`) than the one translated into
     (`without_written_token`): `sentence` is its index in the sentences given, so that callers can name the line
@@ -127,15 +137,15 @@ def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
     """
     out = []
     for i, sentence in enumerate(sentences):
-        written = _WRITTEN_TOKEN.match(sentence)
-        if written and find_language(written.group(1)[2:-2], [tgt_lang]) is None:
+        token, code, end = _written_token(sentence, [tgt_lang])
+        if token and code is None:
             raise WrittenLanguageError(
-                f"a sentence starts with {written.group(1)} but the target language is "
+                f"a sentence starts with {token} but the target language is "
                 f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
                 f"and a token written at the start of a sentence must name the same one",
                 i,
             )
-        out.append(sentence[written.end() :] if written else sentence)
+        out.append(sentence[end:])
     return out
 
 
@@ -152,14 +162,13 @@ def written_language(sentences: list[str], languages: list[str]) -> Optional[str
     named: dict[str, int] = {}
     plain = None
     for i, sentence in enumerate(sentences):
-        written = _WRITTEN_TOKEN.match(sentence)
-        if not written:
+        token, code, _ = _written_token(sentence, languages)
+        if not token:
             plain = i if plain is None else plain
             continue
-        code = find_language(written.group(1)[2:-2], languages)
         if code is None:
             raise WrittenLanguageError(
-                f"a sentence starts with {written.group(1)} ({sentence[:40].strip()!r}), a language this model "
+                f"a sentence starts with {token} ({sentence[:40].strip()!r}), a language this model "
                 f"does not translate into: it translates into {', '.join(languages)}",
                 i,
             )
@@ -170,8 +179,10 @@ def written_language(sentences: list[str], languages: list[str]) -> Optional[str
         first, second = (
             sorted(named.values())[:2] if len(named) > 1 else sorted((min(named.values()), plain))
         )
-        tokens = [_WRITTEN_TOKEN.match(sentences[i]) for i in (first, second)]
-        first_token, second_token = (t.group(1) if t else "no language token" for t in tokens)
+        first_token, second_token = (
+            _written_token(sentences[i], languages)[0] or "no language token"
+            for i in (first, second)
+        )
         detail = (
             f"sentence {first + 1} starts with {first_token} and sentence {second + 1} with {second_token}: one "
             f"call translates into one language; give tgt_lang or the same token on every sentence"
@@ -186,9 +197,8 @@ def written_runs(sentences: list[str], languages: list[str]) -> list[tuple[int, 
     is a language of its own): a file whose lines carry their own target tokens is translated run by run."""
     keys = []
     for sentence in sentences:
-        written = _WRITTEN_TOKEN.match(sentence)
-        token = written.group(1) if written else None
-        keys.append(find_language(token[2:-2], languages) or token if token else None)
+        token, code, _ = _written_token(sentence, languages)
+        keys.append(code or token)
     runs, start = [], 0
     for i in range(1, len(keys) + 1):
         if i == len(keys) or keys[i] != keys[start]:

@@ -78,6 +78,28 @@ class TrainState:
     """The precision `training.precision: auto` resolved to at the start (kept on --resume; "" otherwise)."""
 
 
+def finished(state: TrainState, training: Any) -> bool:
+    """Whether a run at `state` has no update left under `training` (a `TrainingConfig`): max_steps made,
+    max_epochs passed, or early stopping's patience spent."""
+    return (
+        state.step >= training.max_steps
+        or bool(training.max_epochs and state.epoch >= training.max_epochs)
+        or bool(training.patience and state.evals_without_improvement >= training.patience)
+    )
+
+
+def run_progress(run_dir: str | Path) -> tuple[int, int, bool]:
+    """(updates made, training.max_steps, finished) of the run in `run_dir`, read from its last.pt under the
+    config it was saved with: "has this run finished?" for scripts and notebooks.
+
+    Raises:
+        CheckpointError: last.pt is missing or corrupt.
+    """
+    saved = load_checkpoint(checkpoint_path(run_dir), map_location="cpu")
+    state, training = TrainState(**saved["train_state"]), config_from_dict(saved["config"]).training
+    return state.step, training.max_steps, finished(state, training)
+
+
 def checkpoint_path(run_dir: str | Path, name: str = "last") -> Path:
     """`run_dir/checkpoints/<name>.pt` (name: "last", "best" or "step_N")."""
     return Path(run_dir) / "checkpoints" / f"{name}.pt"

@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from ..checkpoint import load_checkpoint
 from ..config import Config, ConfigError, save_config
 from ..data import Batch
 from ..device import resolve_device, resolve_precision
@@ -48,7 +49,9 @@ from ..tokenizer import Tokenizer
 from .checkpoint import (
     TrainState,
     check_no_earlier_run,
+    check_resume_config,
     checkpoint_path,
+    finished,
     restore,
     save_training_checkpoint,
 )
@@ -191,11 +194,32 @@ def train(
         torch.use_deterministic_algorithms(was_deterministic)
 
 
+def _finished_run(config: Config, run_dir: Path) -> Optional[TrainState]:
+    """The state saved in run_dir's last.pt if the run has no update left under `config` (it is said and nothing
+    is built: `--resume` of a finished run returns at once); None if it goes on. A config that could not resume
+    the run is refused here as in `restore`."""
+    path = checkpoint_path(run_dir)
+    saved = load_checkpoint(path)
+    check_resume_config(saved, config, path)
+    state = TrainState(**saved["train_state"])
+    if not finished(state, config.training):
+        return None
+    logger.info(
+        "%s: the run has finished (%d of training.max_steps=%d updates); nothing to resume",
+        path,
+        state.step,
+        config.training.max_steps,
+    )
+    return state
+
+
 def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSource]) -> TrainState:
     if resume and not checkpoint_path(run_dir).exists():
         raise ConfigError(f"--resume: no checkpoint {checkpoint_path(run_dir)} to resume from")
     if not resume:
         check_no_earlier_run(run_dir)
+    elif (state := _finished_run(config, run_dir)) is not None:
+        return state
     device = resolve_device(config.training.device)
     dist = init_distributed(device)
     device = _setup(config, dist, device)
