@@ -76,7 +76,7 @@ def test_found_again_without_rebuilding(corpus, tmp_path, tokenizer, monkeypatch
     assert first.spec["corpus"]["files"][0]["sha256"]
 
 
-def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenizer, caplog):
+def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenizer, caplog, monkeypatch):
     data = _config(corpus, tmp_path)
     get_token_cache(data, "train", tokenizer)
     with (corpus / "train.de").open("a") as f, (corpus / "train.en").open("a") as g:
@@ -99,6 +99,14 @@ def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenize
     with pytest.raises(TokenCacheError, match="built from other data or another tokenizer: tokenizer_sha256=") as err:
         tc.open_token_cache(old_folder, new_spec)
     assert tc.tokenizer_digest(tokenizer) in str(err.value) and tc.tokenizer_digest(other) in str(err.value)
+    # A cache written when text became ids another way (an earlier ENCODING_VERSION) is not found again.
+    monkeypatch.setattr(tc, "ENCODING_VERSION", tc.ENCODING_VERSION - 1)
+    get_token_cache(data, "train", tokenizer)
+    monkeypatch.undo()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        get_token_cache(data, "train", tokenizer)
+    assert f"encoding={tc.ENCODING_VERSION - 1} (this run: {tc.ENCODING_VERSION})" in caplog.text
 
 
 def test_data_changed_behind_the_same_size_and_time_gets_a_new_cache(corpus, tmp_path, tokenizer, monkeypatch):

@@ -268,12 +268,13 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
 
 
 def test_a_bilingual_run_carries_no_language_token(trained_run, monkeypatch):
-    """Bilingual runs are as before the multilingual code: the token cache's key is made of the same fields (no
-    src_prefix, so caches built before are found again), and the engine gets exactly the tokenizer's ids."""
+    """Bilingual runs are as before the multilingual code: the token cache's key has no src_prefix, and the engine
+    gets exactly the tokenizer's ids."""
     config = load_config(trained_run / "config.yaml")
     translator = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
     cache = get_token_cache(config.data, config.data.train_split, translator.tokenizer)
-    assert set(cache.spec) == {"format", "corpus", "tokenizer_sha256", "max_len", "src_lang", "tgt_lang"}
+    assert set(cache.spec) == {"format", "corpus", "tokenizer_sha256", "encoding", "max_len", "src_lang",
+                               "tgt_lang"}
     assert translator.resolve_options().source_prefix == translator.resolve_options(tgt_lang="en").source_prefix == ()
     seen = []
     decode_ids = translator.decode_ids

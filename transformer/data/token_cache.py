@@ -19,7 +19,8 @@ The key is the SHA-256 of the spec: the format version, the corpus fingerprint (
 and SHA-256 of both files' bytes, so that changed data is never fed from an old cache even when a copy kept its
 size and modification time; the digest is remembered in `<cache dir>/file_sha256.json` until the file is written
 again; `datasets`: id, config, split and the table's fingerprint), the SHA-256 of
-the sentencepiece model(s), `data.max_len` and the two languages. Changing any of them changes the key, so a stale
+the sentencepiece model(s), the version of how text becomes ids (`tokenizer.ENCODING_VERSION`), `data.max_len` and
+the two languages. Changing any of them changes the key, so a stale
 cache is never found; the log says which of them differ from the caches already there. A cache is written into a
 temporary folder and renamed into place only when complete (meta.json written last), under a file lock, so
 concurrent processes build it once and a crash or a full disk never leaves a folder a later run would trust.
@@ -54,7 +55,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config import EOS_ID, DataConfig
-from ..tokenizer import Tokenizer
+from ..tokenizer import ENCODING_VERSION, Tokenizer
 from .coverage import UnknownCharacters
 from .datasets import SplitSource, open_split
 from .text import DataError
@@ -155,6 +156,7 @@ def cache_spec(source: SplitSource, tokenizer: Tokenizer, data: DataConfig) -> d
         "format": CACHE_FORMAT,
         "corpus": source.fingerprint(memo if memo.parent.is_dir() else None),
         "tokenizer_sha256": tokenizer_digest(tokenizer),
+        "encoding": ENCODING_VERSION,
         "max_len": data.max_len,
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
