@@ -100,12 +100,14 @@ def test_changed_corpus_or_tokenizer_gets_a_new_cache(corpus, tmp_path, tokenize
         tc.open_token_cache(old_folder, new_spec)
     assert tc.tokenizer_digest(tokenizer) in str(err.value) and tc.tokenizer_digest(other) in str(err.value)
     # A cache written when text became ids another way (an earlier ENCODING_VERSION) is not found again.
+    fresh = _config(corpus, tmp_path / "fresh")
     monkeypatch.setattr(tc, "ENCODING_VERSION", tc.ENCODING_VERSION - 1)
-    get_token_cache(data, "train", tokenizer)
+    old = get_token_cache(fresh, "train", tokenizer)
     monkeypatch.undo()
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        get_token_cache(data, "train", tokenizer)
+        new = get_token_cache(fresh, "train", tokenizer)
+    assert old.spec["encoding"] == tc.ENCODING_VERSION - 1 and new.spec["encoding"] == tc.ENCODING_VERSION
     assert f"encoding={tc.ENCODING_VERSION - 1} (this run: {tc.ENCODING_VERSION})" in caplog.text
 
 
