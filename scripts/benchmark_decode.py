@@ -4,7 +4,7 @@ Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64]
         [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N]
-        [--interleave] [--system-malloc] [--profile N]
+        [--interleave] [--system-malloc] [--profile N] [--student CHECKPOINT ...]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), so that engines are compared on equal work whatever their models
@@ -14,6 +14,11 @@ speed over CTranslate2's per mode and batch size. With --int8 our decoder also r
 linear layers (`Translator.from_checkpoint(..., quantization="int8")`, engine "ours int8"), and with --compile with
 the decoding step compiled by torch.compile (`Translator.from_checkpoint(..., compile=True)`, engine "ours
 compiled", compiled before the timed rounds), compared the same way.
+
+With --student CHECKPOINT (repeatable; e.g. a distilled student of --checkpoint, its teacher) each student decodes
+the same sentences in the same modes (engine "student NAME", NAME its run folder; with --int8 also "student NAME
+int8"), each with its own tokenizer, and the summary adds each student setting's speed over the teacher's
+(`--checkpoint`, float32) in every mode at the same batch size: "student greedy against teacher beam4".
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:
@@ -101,17 +106,18 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
 def interleaved(ctranslate2_models: list, ours: list, pieces: Optional[list], src_ids: list,
                 decoding: DecodingConfig, mode: str, slice_size: int, batch_size: int) -> list[dict]:
     """One --interleave round of a setting: every engine decodes each slice of slice_size sentences (longest
-    first) in turn; per engine, the `run` fields with seconds and tokens summed over the slices."""
+    first by the teacher's pieces) in turn; per engine, the `run` fields with seconds and tokens summed over the
+    slices. `ours`: (name, translator, its source ids of the sentences)."""
     order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))
     totals: dict[str, dict] = {}
     for start in range(0, len(order), slice_size):
         part = order[start:start + slice_size]
-        for name, engine in [*ctranslate2_models, *ours]:
+        for name, engine, ids in [(n, m, None) for n, m in ctranslate2_models] + ours:
             time.sleep(0.05)  # let the other engine's OpenMP threads stop spinning (see the rounds' comment in main)
-            if name.startswith("ctranslate2"):
+            if ids is None:
                 result = run_ctranslate2(engine, name, [pieces[i] for i in part], decoding, mode, batch_size)
             else:
-                result = run(engine, [src_ids[i] for i in part], mode, batch_size, name)
+                result = run(engine, [ids[i] for i in part], mode, batch_size, name)
             total = totals.setdefault(name, {**result, "seconds": 0.0, "tokens": 0, "sentences": 0})
             total["seconds"] += result["seconds_exact"]
             total["tokens"] += result["tokens"]
@@ -149,6 +155,8 @@ def main() -> None:
                         help="then profile our float32 decoder once per setting and print its N costliest operators")
     parser.add_argument("--system-malloc", action="store_true",
                         help="leave glibc's allocator settings as they are (see reuse_freed_memory)")
+    parser.add_argument("--student", action="append", default=[], metavar="CHECKPOINT",
+                        help="also decode with this model (repeatable), compared with --checkpoint as its teacher")
     args = parser.parse_args()
     if not args.system_malloc:
         reuse_freed_memory()
@@ -168,15 +176,23 @@ def main() -> None:
             quantization = json.loads((Path(folder) / "transformer_nmt.json").read_text())["quantization"]
             model.translate_batch(pieces[:16])  # warm-up
             ctranslate2_models.append((f"ctranslate2 {ctranslate2.__version__} {quantization}", model))
-    ours = [("ours", translator)]
+    ours = [("ours", translator, src_ids)]
     if args.int8:
         ours.append(("ours int8", Translator.from_checkpoint(args.checkpoint, device="cpu", quantization="int8",
-                                                             workers=args.workers)))
+                                                             workers=args.workers), src_ids))
     settings = [(mode, int(b)) for mode in args.modes.split(",") for b in args.batch_sizes.split(",")]
     if args.compile:
         ours.append(("ours compiled", Translator.from_checkpoint(args.checkpoint, device="cpu", compile=True,
-                                                                 workers=args.workers)))
-    for engine, decoder in ours:
+                                                                 workers=args.workers), src_ids))
+    students = []
+    for checkpoint in args.student:
+        name = f"student {Path(checkpoint).resolve().parent.parent.name}"
+        for suffix, quantization in [("", None)] + ([(" int8", "int8")] if args.int8 else []):
+            student = Translator.from_checkpoint(checkpoint, device="cpu", quantization=quantization,
+                                                 workers=args.workers)
+            students.append(name + suffix)
+            ours.append((name + suffix, student, student.tokenizer.encode_src(corpus.src[:args.sentences])))
+    for engine, decoder, _ in ours:
         start = time.perf_counter()
         decoder.decode_ids(src_ids[:16], decoder.config.decoding)  # warm-up
         if engine == "ours compiled":  # each search compiles at its first use: timed here, before the rounds
@@ -203,9 +219,9 @@ def main() -> None:
                 result = public(run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size))
                 results.append({**result, "round": round_index})
                 print(json.dumps(results[-1]), flush=True)
-        for engine, decoder in ours:
+        for engine, decoder, ids in ours:
             for mode, batch_size in settings:
-                result = public(run(decoder, src_ids, mode, batch_size, engine))
+                result = public(run(decoder, ids, mode, batch_size, engine))
                 results.append({**result, "round": round_index})
                 print(json.dumps(results[-1]), flush=True)
     best: dict[tuple, dict] = {}
@@ -217,15 +233,21 @@ def main() -> None:
     for (engine, mode, batch_size), r in best.items():
         fastest[f"{engine} {mode} batch{batch_size}"] = r["sentences_per_s"]
         if engine.startswith("ctranslate2"):
-            for mine, _ in ours:
+            for mine, _, _ in ours:
                 ratios[f"{mine.replace(' ', '_')}_over_{engine.split()[-1]}_{mode}_batch{batch_size}"] = round(
                     r["seconds"] / best[(mine, mode, batch_size)]["seconds"], 2)
     summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "speed_ours_over_ctranslate2": ratios}
+    if students:  # each student setting against the teacher (float32) in every mode at the same batch size
+        summary["speed_student_over_teacher"] = {
+            f"{student.replace(' ', '_')}_{mode}_over_teacher_{teacher_mode}_batch{batch_size}": round(
+                best[("ours", teacher_mode, batch_size)]["seconds"] / best[(student, mode, batch_size)]["seconds"], 2)
+            for student in students for mode, batch_size in settings
+            for teacher_mode, teacher_batch in settings if teacher_batch == batch_size}
     if args.interleave:  # both engines of a ratio measured in the same round: each round's ratio
         per_round: dict[str, list] = {}
         for r in results:
             if r["engine"].startswith("ctranslate2"):
-                for mine, _ in ours:
+                for mine, _, _ in ours:
                     same = next(o for o in results if o["engine"] == mine and o["round"] == r["round"]
                                 and o["mode"] == r["mode"] and o["batch_size"] == r["batch_size"])
                     key = f"{mine.replace(' ', '_')}_over_{r['engine'].split()[-1]}_{r['mode']}_batch{r['batch_size']}"
