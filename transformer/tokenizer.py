@@ -57,10 +57,10 @@ def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:
 
 
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+"""The pieces of the special ids PAD_ID, UNK_ID, BOS_ID, EOS_ID (in this order) in a tokenizer's own vocabulary."""
 ENCODING_VERSION = 2
 """Bumped whenever the ids `Tokenizer.src_ids`/`tgt_ids` give for a text change with the same sentencepiece model
 (2: a reserved piece written in text is spelled as text, `marks_as_text`): token caches are keyed on it."""
-"""The pieces of the special ids PAD_ID, UNK_ID, BOS_ID, EOS_ID (in this order) in a tokenizer's own vocabulary."""
 
 
 class Tokenizer:
