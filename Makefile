@@ -118,15 +118,16 @@ backtranslate: install
 # Sequence-level knowledge distillation (Kim & Rush 2016; configs/multi30k_de_en_student.yaml, en_de_student.yaml;
 # DISTILL=de_en or en_de): the teacher (TEACHER: one checkpoint or several, an ensemble; by default the bilingual
 # recipe's best.pt, trained and evaluated with `make train` first if runs/multi30k_SRC_TGT has no test scores yet)
-# translates the parallel training sources with DISTILL_SEARCH into runs/distilled/train_SRC_TGT (`transformer
-# synthesize`; it goes on where it stopped), then the student recipe is trained on them (resumed if it stopped) and
-# evaluated.
+# translates with DISTILL_SEARCH the parallel training sources into runs/distilled/train_SRC_TGT and task 2's
+# captions in the source language (less those lines) into runs/distilled/task2_SRC_TGT (`transformer synthesize`;
+# each goes on where it stopped), then the student recipe is trained on both (resumed if it stopped) and evaluated.
 DISTILL ?= de_en
 DISTILL_SEARCH ?= --beam-size 4
 DISTILL_SRC := $(word 1,$(subst _, ,$(DISTILL)))
 TEACHER_RUN := runs/multi30k_$(DISTILL)
 TEACHER ?= $(TEACHER_RUN)/checkpoints/best.pt
 DISTILLED := runs/distilled/train_$(DISTILL)
+DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)
 
 distill: install
 	@if [ "$(TEACHER)" = "$(TEACHER_RUN)/checkpoints/best.pt" ]; then \
@@ -136,6 +137,9 @@ distill: install
 	else for c in $(TEACHER); do [ -e $$c ] || { echo "distill: TEACHER: $$c not found"; exit 2; }; done; fi
 	@[ -f $(DISTILLED)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
 		--input $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz --output $(DISTILLED) $(DISTILL_SEARCH)
+	@[ -f $(DISTILLED_TASK2)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
+		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(DISTILL_SRC).gz) --output $(DISTILLED_TASK2) \
+		--exclude $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz $(DISTILL_SEARCH)
 	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
 		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
 

@@ -4,7 +4,7 @@ Usage:
     python scripts/benchmark_decode.py --checkpoint runs/multi30k_de_en/checkpoints/best.pt
         [--sentences 1000] [--threads 2] [--modes greedy,beam4] [--batch-sizes 1,64]
         [--ctranslate2 DIR [--ctranslate2 DIR_INT8]] [--int8] [--compile] [--repeat N] [--workers N]
-        [--interleave] [--system-malloc] [--profile N] [--student CHECKPOINT ...]
+        [--interleave] [--system-malloc] [--profile N] [--student CHECKPOINT ...] [--bleu]
 
 Modes: greedy, beamN (natural output lengths), and greedy_fix20, beamN_fix20: every output forced to exactly 20
 pieces (eos forbidden before 20, cut at 20), so that engines are compared on equal work whatever their models
@@ -19,6 +19,10 @@ With --student CHECKPOINT (repeatable; e.g. a distilled student of --checkpoint,
 the same sentences in the same modes (engine "student NAME", NAME its run folder; with --int8 also "student NAME
 int8"), each with its own tokenizer, and the summary adds each student setting's speed over the teacher's
 (`--checkpoint`, float32) in every mode at the same batch size: "student greedy against teacher beam4".
+
+With --bleu each setting's outputs are also scored against the test references (sacreBLEU, "bleu" in its line and
+in the summary; CTranslate2's pieces detokenized by the teacher's tokenizer): quality and speed from the same
+decoding.
 
 Reads the source side of the checkpoint's test split (Multi30k test_2016_flickr: 1,000 sentences), decodes
 it in each setting and prints one JSON line per setting:
@@ -74,7 +78,17 @@ def mode_options(decoding: DecodingConfig, mode: str, batch_size: int) -> Decodi
     return options
 
 
-def run(translator: Translator, src_ids: list, mode: str, batch_size: int, engine: str = "ours") -> dict:
+def bleu(outputs: list[str], references: Optional[list[str]]) -> dict:
+    """{"bleu": sacreBLEU of the outputs} with --bleu (`references`), else {}."""
+    if references is None:
+        return {}
+    import sacrebleu
+
+    return {"bleu": round(sacrebleu.corpus_bleu(outputs, [references[:len(outputs)]]).score, 2)}
+
+
+def run(translator: Translator, src_ids: list, mode: str, batch_size: int, engine: str = "ours",
+        references: Optional[list[str]] = None) -> dict:
     options = mode_options(translator.config.decoding, mode, batch_size)
     start = time.perf_counter()
     hyps = translator.decode_ids(src_ids, options, scores=False)
@@ -83,11 +97,14 @@ def run(translator: Translator, src_ids: list, mode: str, batch_size: int, engin
     return {"engine": engine, "mode": mode, "batch_size": batch_size, "sentences": len(src_ids),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(src_ids) / seconds, 1),
             "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
+            **bleu([translator.tokenizer.decode_tgt(h[0].tokens) for h in hyps], references),
             "seconds_exact": seconds, "tokens": n_tokens}
 
 
-def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mode: str, batch_size: int) -> dict:
-    """The same mode through CTranslate2 (sorted longest first, as ours; tokenization excluded)."""
+def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mode: str, batch_size: int,
+                    references: Optional[list[str]] = None, tokenizer=None) -> dict:
+    """The same mode through CTranslate2 (sorted longest first, as ours; tokenization excluded); with
+    `references`, the BLEU of its pieces detokenized by `tokenizer` (the teacher's)."""
     options = mode_options(decoding, mode, batch_size)
     order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
     cap = max(max_output_length(len(p) + 1, options.max_len_a, options.max_len_b, 1 << 30) for p in pieces)
@@ -97,10 +114,14 @@ def run_ctranslate2(model, name: str, pieces: list, decoding: DecodingConfig, mo
                                 max_decoding_length=cap, min_decoding_length=options.min_len)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(r.hypotheses[0]) for r in out)
+    outputs = [""] * len(pieces)
+    if references is not None:
+        for i, r in zip(order, out):
+            outputs[i] = tokenizer.decode_tgt(tokenizer.piece_ids(r.hypotheses[0]))
     return {"engine": name, "mode": mode, "batch_size": batch_size, "sentences": len(pieces),
             "seconds": round(seconds, 2), "sentences_per_s": round(len(pieces) / seconds, 1),
             "tgt_tokens_per_s": round(n_tokens / seconds, 1), "threads": torch.get_num_threads(),
-            "seconds_exact": seconds, "tokens": n_tokens}
+            **bleu(outputs, references), "seconds_exact": seconds, "tokens": n_tokens}
 
 
 def interleaved(ctranslate2_models: list, ours: list, pieces: Optional[list], src_ids: list,
@@ -157,7 +178,12 @@ def main() -> None:
                         help="leave glibc's allocator settings as they are (see reuse_freed_memory)")
     parser.add_argument("--student", action="append", default=[], metavar="CHECKPOINT",
                         help="also decode with this model (repeatable), compared with --checkpoint as its teacher")
+    parser.add_argument("--bleu", action="store_true",
+                        help="also score every setting's outputs against the references (sacreBLEU; not with "
+                             "--interleave)")
     args = parser.parse_args()
+    if args.bleu and args.interleave:
+        parser.error("--bleu scores whole-file rounds: leave out --interleave")
     if not args.system_malloc:
         reuse_freed_memory()
     torch.set_num_threads(args.threads)
@@ -165,6 +191,7 @@ def main() -> None:
     data = translator.config.data
     corpus = load_split(data, data.test_split)
     src_ids = translator.tokenizer.encode_src(corpus.src[:args.sentences])
+    references = corpus.tgt[:args.sentences] if args.bleu else None
     ctranslate2_models = []
     if args.ctranslate2:
         import ctranslate2
@@ -216,12 +243,13 @@ def main() -> None:
             continue
         for name, model in ctranslate2_models:
             for mode, batch_size in settings:
-                result = public(run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size))
+                result = public(run_ctranslate2(model, name, pieces, translator.config.decoding, mode, batch_size,
+                                                references, translator.tokenizer))
                 results.append({**result, "round": round_index})
                 print(json.dumps(results[-1]), flush=True)
         for engine, decoder, ids in ours:
             for mode, batch_size in settings:
-                result = public(run(decoder, ids, mode, batch_size, engine))
+                result = public(run(decoder, ids, mode, batch_size, engine, references))
                 results.append({**result, "round": round_index})
                 print(json.dumps(results[-1]), flush=True)
     best: dict[tuple, dict] = {}
@@ -229,14 +257,17 @@ def main() -> None:
         key = (r["engine"], r["mode"], r["batch_size"])
         if key not in best or r["seconds"] < best[key]["seconds"]:
             best[key] = r
-    ratios, fastest = {}, {}
+    ratios, fastest, scores = {}, {}, {}
     for (engine, mode, batch_size), r in best.items():
         fastest[f"{engine} {mode} batch{batch_size}"] = r["sentences_per_s"]
+        if "bleu" in r:
+            scores[f"{engine} {mode} batch{batch_size}"] = r["bleu"]
         if engine.startswith("ctranslate2"):
             for mine, _, _ in ours:
                 ratios[f"{mine.replace(' ', '_')}_over_{engine.split()[-1]}_{mode}_batch{batch_size}"] = round(
                     r["seconds"] / best[(mine, mode, batch_size)]["seconds"], 2)
-    summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "speed_ours_over_ctranslate2": ratios}
+    summary = {"rounds": args.repeat, "best_sentences_per_s": fastest, "speed_ours_over_ctranslate2": ratios,
+               **({"bleu": scores} if scores else {})}
     if students:  # each student setting against the teacher (float32) in every mode at the same batch size
         summary["speed_student_over_teacher"] = {
             f"{student.replace(' ', '_')}_{mode}_over_teacher_{teacher_mode}_batch{batch_size}": round(

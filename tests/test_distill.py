@@ -30,10 +30,13 @@ def test_the_student_recipes_train_on_the_teachers_translations_only():
         teacher = load_config(ROOT / f"configs/multi30k_{pair}.yaml")
         assert student.model.n_decoder_layers == 1 < teacher.model.n_decoder_layers  # decoding cost: the decoder
         assert student.model.n_encoder_layers > teacher.model.n_encoder_layers
-        real, distilled = student.data.corpora
-        assert real.weight == 0 and distilled.weight == 1 and not distilled.tag and distilled.held_out is False
-        assert distilled.path == f"runs/distilled/train_{pair}"
-    assert "DISTILLED := runs/distilled/train_$(DISTILL)" in (ROOT / "Makefile").read_text()
+        real, *distilled = student.data.corpora
+        assert real.weight == 0
+        assert all(c.weight == 1 and not c.tag and c.held_out is False for c in distilled)
+        assert [c.path for c in distilled] == [f"runs/distilled/train_{pair}", f"runs/distilled/task2_{pair}"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "DISTILLED := runs/distilled/train_$(DISTILL)" in makefile
+    assert "DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)" in makefile
 
 
 def test_a_parallel_weight_of_0_needs_a_synthetic_corpus(tmp_path, multi30k_subset):
@@ -64,7 +67,8 @@ def test_the_toy_chain_teacher_then_its_translations_then_a_student(trained_run,
     config = load_config(config_path)
     tokenizer, caches, _ = prepare_data(config, tmp_path / "probe")
     epoch = training_epochs(config, tmp_path / "probe", tokenizer, caches).epoch(0)
-    assert list(np.bincount(epoch.direction, minlength=2)) == [0, sum(len(c) for c in caches)]  # references: none
+    assert list(np.bincount(epoch.direction, minlength=2)) == [0, len(caches[1])]  # references: none; each
+    assert sorted(epoch.index[epoch.direction == 1].tolist()) == list(range(len(caches[1])))  # translation once
     run = tmp_path / "student"
     assert main(["train", "--config", str(config_path), "--run-dir", str(run)]) == 0
     best = run / "checkpoints" / "best.pt"

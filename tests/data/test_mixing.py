@@ -65,6 +65,16 @@ def test_the_temperature_goes_from_proportional_to_uniform():
     assert shares.sum() == sum(sizes) and np.all(np.abs(shares - p5 * sum(sizes)) <= 1)
 
 
+def test_a_corpus_of_weight_0_adds_no_pairs_to_the_epoch():
+    """The references beside a distilled student's corpora (data.parallel_weight 0): the epoch is the weighted
+    corpora's pairs, each once at weight 1, not padded to the size of all of them."""
+    sizes = [29000, 28974, 141000]
+    shares = direction_shares(sizes, 1.0, [0.0, 1.0, 1.0])
+    assert shares.tolist() == [0, 28974, 141000]
+    assert direction_shares(sizes, 1.0, [0.0, 1.0, 2.0]).sum() == 28974 + 141000
+    assert direction_shares(sizes, 1.0, [1.0, 1.0, 1.0]).tolist() == sizes
+
+
 def _pairs(n: int, direction: int) -> EncodedPairs:
     """n pairs whose source is [direction token, 10 + i % 7, eos] and target [i]: each pair names its direction and
     index."""

@@ -5,7 +5,8 @@ Direction d, with n_d training pairs, is drawn with probability p_d = n_d^(1/T) 
 (`data.direction_temperature` T >= 1): T = 1 is proportional to the sizes (as if the corpora were concatenated),
 a larger T gives the small directions more, and T -> infinity is uniform.
 
-An epoch holds as many pairs as all directions together (N = sum n_d), direction d's share N * p_d rounded to whole
+An epoch holds as many pairs as all directions trained on together (N = sum n_d over the directions of weight
+w_d > 0), direction d's share N * p_d rounded to whole
 pairs (largest remainders), so that every epoch follows the temperature exactly rather than only on average. The
 share's pairs are drawn from the direction's own pairs without replacement, in a fresh random order every epoch:
 a direction sampled below its size sees a different subset each epoch, one sampled above it every pair once per
@@ -37,14 +38,23 @@ def direction_probabilities(
     return scaled / scaled.sum()
 
 
+def epoch_size(sizes: list[int], weights: Optional[list[float]] = None) -> int:
+    """Pairs in one epoch: those of the directions trained on, sum of n_d over w_d > 0 (a corpus of weight 0, the
+    references beside a distilled student's corpora, adds none)."""
+    if weights is None:
+        return int(sum(sizes))
+    return int(sum(n for n, w in zip(sizes, weights) if w > 0))
+
+
 def direction_shares(
     sizes: list[int], temperature: float, weights: Optional[list[float]] = None
 ) -> np.ndarray:
-    """Pairs of each direction in one epoch of sum(sizes) pairs: N * p_d rounded by largest remainders (they sum to
-    N; ties go to the earlier direction). `(len(sizes),)` int64."""
-    exact = direction_probabilities(sizes, temperature, weights) * sum(sizes)
+    """Pairs of each direction in one epoch of N = `epoch_size(sizes, weights)` pairs: N * p_d rounded by largest
+    remainders (they sum to N; ties go to the earlier direction). `(len(sizes),)` int64."""
+    total = epoch_size(sizes, weights)
+    exact = direction_probabilities(sizes, temperature, weights) * total
     shares = np.floor(exact).astype(np.int64)
-    left = int(sum(sizes) - shares.sum())
+    left = int(total - shares.sum())
     order = np.lexsort(
         (np.arange(len(sizes)), -(exact - shares))
     )  # largest remainder first, then earlier

@@ -17,7 +17,7 @@ import numpy as np
 from ..config import Config, ConfigError, DataConfig, check_trainable
 from ..config.languages import Corpus, reserved_pieces
 from ..data import DataError, EncodedPairs, get_token_cache, load_split, open_split, token_batches
-from ..data.mixing import MixedPairs, direction_shares, mix_directions
+from ..data.mixing import MixedPairs, direction_shares, epoch_size, mix_directions
 from ..data.subword_sampling import SAMPLES_FOLDER, SampledEpochs
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distributed import Distributed
@@ -272,7 +272,7 @@ class MixedEpochs:
             )
 
     def __len__(self) -> int:
-        return sum(self.sizes)
+        return epoch_size(self.sizes, self.weights)
 
     def epoch(self, epoch: int) -> Union[EncodedPairs, MixedPairs]:
         parts = [c.epoch(epoch) for c in self.corpora]
