@@ -65,13 +65,18 @@ def test_the_toy_chain_teacher_then_its_translations_then_a_student(trained_run,
     assert len(kept) == len(outputs) > 600
     assert outputs[:20] == teacher.translate(kept[:20], beam_size=2)  # the targets are the teacher's translations
     model = {**TINY["model"], "n_encoder_layers": 2, "n_decoder_layers": 1, "norm_first": True}
-    data = {**TINY["data"], "synthetic": [{"path": str(distilled), "name": "kd", "tag": ""}], "parallel_weight": 0.0}
+    data = {**TINY["data"], "synthetic": [{"path": str(distilled), "name": "kd", "tag": ""}], "parallel_weight": 0.0,
+            "subword_sampling": True}
     config_path = write_small_config(tmp_path, multi30k_subset, **{**TINY, "model": model, "data": data})
     config = load_config(config_path)
     tokenizer, caches, _ = prepare_data(config, tmp_path / "probe")
     epoch = training_epochs(config, tmp_path / "probe", tokenizer, caches).epoch(0)
     assert list(np.bincount(epoch.direction, minlength=2)) == [0, len(caches[1])]  # references: none; each
     assert sorted(epoch.index[epoch.direction == 1].tolist()) == list(range(len(caches[1])))  # translation once
+    later = training_epochs(config, tmp_path / "probe", tokenizer, caches)
+    parts = later.epoch(1).parts
+    assert parts[0] is caches[0] and parts[1] is not caches[1]  # the references, not trained on, are not sampled
+    assert sorted(p.name for p in (tmp_path / "probe" / "subword_samples").iterdir()) == ["kd"]
     run = tmp_path / "student"
     assert main(["train", "--config", str(config_path), "--run-dir", str(run)]) == 0
     best = run / "checkpoints" / "best.pt"

@@ -298,11 +298,13 @@ def training_epochs(
 ) -> MixedEpochs:
     """The training pairs of each epoch (`.epoch(e)`): per corpus (`caches`: its token cache), the token cache, or
     with data.subword_sampling a fresh sample for every epoch after the first (`data/subword_sampling.py`; local rank
-    0 of each machine builds them); the corpora mixed (`MixedEpochs`)."""
+    0 of each machine builds them; none for a corpus of weight 0); the corpora mixed (`MixedEpochs`)."""
     data = config.data
     return MixedEpochs(
         [
             _epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
+            if corpus.weight > 0
+            else CacheEpochs(cache)  # not trained on (a student's references): nothing to sample
             for corpus, cache in zip(data.corpora, caches)
         ],
         data,
