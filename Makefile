@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate backtranslate distill notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate backtranslate distill distill-multilingual notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -142,6 +142,21 @@ distill: install
 		--exclude $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz $(DISTILL_SEARCH)
 	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
 		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
+
+# One multilingual model distilled from bilingual teachers (configs/multi30k_multilingual_student.yaml): the de->en and
+# en->de back-translation models (ML_TEACHERS, `make backtranslate BT=de_en` and `BT=en_de` train them) translate the
+# training sources into runs/distilled/train_de_en and train_en_de (skipped when there already), then the recipe
+# trains on those beside the references of its eight directions (resumed if it stopped) and is evaluated.
+ML_TEACHERS ?= de_en:runs/multi30k_de_en_bt/checkpoints/best.pt en_de:runs/multi30k_en_de_bt/checkpoints/best.pt
+
+distill-multilingual: install
+	@for t in $(ML_TEACHERS); do d=$${t%%:*}; c=$${t#*:}; \
+		[ -f runs/distilled/train_$$d/origin.json ] && continue; \
+		[ -f $$c ] || { echo "distill-multilingual: ML_TEACHERS: $$c not found (make backtranslate BT=$$d trains it)"; exit 2; }; \
+		$(BIN)/transformer synthesize --checkpoint $$c --input $(PARALLEL_DIR)/train.$${d%%_*}.gz \
+			--output runs/distilled/train_$$d $(DISTILL_SEARCH) || exit $$?; done
+	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_multilingual_student.yaml \
+		$$([ -f runs/multi30k_multilingual_student/checkpoints/last.pt ] && echo RESUME=1)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.
