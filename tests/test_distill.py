@@ -40,6 +40,31 @@ def test_the_student_recipes_train_on_the_teachers_translations_only():
     assert "DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)" in makefile
 
 
+def test_the_multilingual_student_recipe_is_the_multilingual_recipe_plus_de_fr_and_the_teachers_translations():
+    """configs/multi30k_multilingual_student.yaml: the multilingual recipe's model and settings, two more directions
+    (de<->fr), and de->en and en->de each also on its teacher's translations (untagged, weighted 2), read from the
+    folders `make distill-multilingual` writes; a schedule for the larger epoch."""
+    plain = load_config(ROOT / "configs/multi30k_multilingual.yaml").to_dict()
+    student = load_config(ROOT / "configs/multi30k_multilingual_student.yaml")
+    corpora = student.data.corpora
+    assert [c.direction for c in corpora if c.held_out] == [
+        "de-en", "en-de", "fr-en", "en-fr", "cs-en", "en-cs", "de-fr", "fr-de"]
+    distilled = [c for c in corpora if not c.held_out]
+    assert [(c.direction, c.path, c.weight, c.tag) for c in distilled] == [
+        (pair.replace("_", "-"), f"runs/distilled/train_{pair}", 2.0, None) for pair in ("de_en", "en_de")]
+    assert all(c.weight == 1 for c in corpora if c.held_out)
+    raw = student.to_dict()
+    for section in (raw, plain):
+        section["data"].pop("directions"), section["data"].pop("synthetic")
+        for key in ("max_steps", "eval_every_steps"):
+            section["training"].pop(key)
+    assert raw == plain
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--output runs/distilled/train_$$d" in makefile
+    for pair in ("de_en", "en_de"):
+        assert f"{pair}:runs/multi30k_{pair}_bt/checkpoints/best.pt" in makefile
+
+
 def test_a_parallel_weight_of_0_needs_a_synthetic_corpus(tmp_path, multi30k_subset):
     with pytest.raises(ConfigError, match="data.parallel_weight: must be positive, or 0 beside data.synthetic"):
         load_config(write_small_config(tmp_path, multi30k_subset, data={"parallel_weight": 0.0}))

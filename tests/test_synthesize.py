@@ -180,6 +180,27 @@ def test_each_epoch_holds_the_corpora_in_their_weighted_shares_the_same_every_ti
     assert not np.array_equal(epochs.epoch(0).index, epochs.epoch(1).index)  # a fresh draw each epoch
 
 
+def test_a_synthetic_corpus_of_one_direction_carries_that_directions_language_token(tmp_path, multi30k_subset):
+    """A multilingual run with a corpus bound to en-de (a multilingual student's distilled pairs): its sources start
+    with >>deu<< as the en-de references' do (untagged: the very ids of the same English lines there), never with
+    >>eng<<, and it gets its weighted share of each epoch."""
+    corpus = _synthetic_corpus(tmp_path / "kd", multi30k_subset)
+    data = {**TINY["data"], "directions": ["de-en", "en-de"], "joint_vocab": True,
+            "synthetic": [{"path": str(corpus), "name": "kd_en-de", "direction": "en-de", "tag": "",
+                           "weight": 2.0}]}
+    config = load_config(write_small_config(tmp_path, multi30k_subset, **{**TINY, "data": data}))
+    tokenizer, (de_en, en_de, kd), valid = prepare_data(config, tmp_path / "run")
+    deu, eng = tokenizer.token_id(">>deu<<"), tokenizer.token_id(">>eng<<")
+    assert {int(kd.src(i)[0]) for i in range(len(kd))} == {deu} == {int(en_de.src(i)[0]) for i in range(len(en_de))}
+    assert {int(de_en.src(i)[0]) for i in range(len(de_en))} == {eng}
+    sources = lambda pairs: {tuple(pairs.src(i).tolist()) for i in range(len(pairs))}  # noqa: E731
+    assert 500 < len(sources(kd)) and sources(kd) <= sources(en_de)  # lines 1000-1600 of the subset's English
+    assert [corpus.name for corpus, _, _ in valid.corpora] == ["de-en", "en-de"]  # no validation split of its own
+    epochs = training_epochs(config, tmp_path / "run", tokenizer, (de_en, en_de, kd))
+    shares = np.bincount(epochs.epoch(0).direction, minlength=3)
+    assert list(shares) == list(direction_shares([len(de_en), len(en_de), len(kd)], 1.0, [1.0, 1.0, 2.0]))
+
+
 def test_a_run_with_a_synthetic_corpus_resumes_exactly_across_an_epoch_boundary(synthetic_config, tmp_path,
                                                                                monkeypatch):
     from tests.training.test_resume import interrupt_after
