@@ -328,6 +328,12 @@ class Corpus:
     synthetic corpus)."""
 
     @property
+    def trained(self) -> bool:
+        """Whether its pairs are trained on: weight > 0 (a distilled student's references, weight 0, validate only and
+        add no pairs to an epoch: `data/mixing.py`)."""
+        return self.weight > 0
+
+    @property
     def source_pieces(self) -> tuple[str, ...]:
         """The pieces put before every source of this corpus, in order: its language token, then its tag."""
         return tuple(piece for piece in (self.language_token, self.tag) if piece)

@@ -303,8 +303,8 @@ def training_epochs(
     return MixedEpochs(
         [
             _epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
-            if corpus.weight > 0
-            else CacheEpochs(cache)  # not trained on (a student's references): nothing to sample
+            if corpus.trained
+            else CacheEpochs(cache)  # a student's references: nothing to sample
             for corpus, cache in zip(data.corpora, caches)
         ],
         data,
