@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate backtranslate distill distill-multilingual notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate backtranslate distill distilled-corpora distill-multilingual notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +48,12 @@ lint: install
 	$(BIN)/ruff check transformer tests scripts
 
 # RESUME=1 continues an interrupted run of RUN_DIR (train --resume); without it, a RUN_DIR that holds a run is refused.
+# INIT_FROM=CHECKPOINT starts the run from that model's weights and tokenizer (train --init-from: fine-tuning).
 RESUME ?=
+INIT_FROM ?=
 train: install
-	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,)
+	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,) \
+		$(if $(INIT_FROM),$(if $(RESUME),,--init-from $(INIT_FROM)),)
 	$(BIN)/transformer plot --run-dir $(RUN_DIR) --out $(RUN_DIR)/curves.png
 	$(MAKE) --no-print-directory evaluate
 
@@ -135,28 +138,39 @@ distill: install
 			CONFIG=configs/multi30k_$(DISTILL).yaml $$([ -f $(TEACHER_RUN)/checkpoints/last.pt ] && echo RESUME=1) \
 			|| exit $$?; \
 	else for c in $(TEACHER); do [ -e $$c ] || { echo "distill: TEACHER: $$c not found"; exit 2; }; done; fi
+	@$(MAKE) --no-print-directory distilled-corpora DISTILL=$(DISTILL) TEACHER="$(TEACHER)"
+	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
+		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
+
+# The teacher's translations (TEACHER, of DISTILL's source language) of the parallel training sources and of task 2's
+# captions less those lines: runs/distilled/train_SRC_TGT and task2_SRC_TGT, each written unless it is there already.
+distilled-corpora: install
 	@[ -f $(DISTILLED)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
 		--input $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz --output $(DISTILLED) $(DISTILL_SEARCH)
 	@[ -f $(DISTILLED_TASK2)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
 		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(DISTILL_SRC).gz) --output $(DISTILLED_TASK2) \
 		--exclude $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz $(DISTILL_SEARCH)
-	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
-		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
 
-# One multilingual model distilled from bilingual teachers (configs/multi30k_multilingual_student.yaml): the de->en and
-# en->de back-translation models (ML_TEACHERS, `make backtranslate BT=de_en` and `BT=en_de` train them) translate the
-# training sources into runs/distilled/train_de_en and train_en_de (skipped when there already), then the recipe
-# trains on those beside the references of its eight directions (resumed if it stopped) and is evaluated.
+# One multilingual model distilled from bilingual teachers, in two stages. The de->en and en->de back-translation
+# models (ML_TEACHERS; `make backtranslate BT=de_en` and `BT=en_de` train them) translate the training sources and task
+# 2's captions (`make distilled-corpora`: what is there already is kept); configs/multi30k_multilingual_student.yaml
+# trains on the first beside the references of its eight directions, then
+# configs/multi30k_multilingual_student_task2.yaml goes on from its best.pt with task 2's translations added. Each
+# stage is evaluated; an interrupted stage is resumed, a finished one (its scores.md written) skipped.
 ML_TEACHERS ?= de_en:runs/multi30k_de_en_bt/checkpoints/best.pt en_de:runs/multi30k_en_de_bt/checkpoints/best.pt
+ML_STAGE1 := runs/multi30k_multilingual_student
+ML_STAGE2 := runs/multi30k_multilingual_student_task2
 
 distill-multilingual: install
 	@for t in $(ML_TEACHERS); do d=$${t%%:*}; c=$${t#*:}; \
-		[ -f runs/distilled/train_$$d/origin.json ] && continue; \
+		[ -f runs/distilled/train_$$d/origin.json ] && [ -f runs/distilled/task2_$$d/origin.json ] && continue; \
 		[ -f $$c ] || { echo "distill-multilingual: ML_TEACHERS: $$c not found (make backtranslate BT=$$d trains it)"; exit 2; }; \
-		$(BIN)/transformer synthesize --checkpoint $$c --input $(PARALLEL_DIR)/train.$${d%%_*}.gz \
-			--output runs/distilled/train_$$d $(DISTILL_SEARCH) || exit $$?; done
-	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_multilingual_student.yaml \
-		$$([ -f runs/multi30k_multilingual_student/checkpoints/last.pt ] && echo RESUME=1)
+		$(MAKE) --no-print-directory distilled-corpora DISTILL=$$d TEACHER=$$c || exit $$?; done
+	@[ -f $(ML_STAGE1)/scores.md ] || $(MAKE) --no-print-directory train \
+		CONFIG=configs/multi30k_multilingual_student.yaml $$([ -f $(ML_STAGE1)/checkpoints/last.pt ] && echo RESUME=1)
+	@[ -f $(ML_STAGE2)/scores.md ] || $(MAKE) --no-print-directory train \
+		CONFIG=configs/multi30k_multilingual_student_task2.yaml INIT_FROM=$(ML_STAGE1)/checkpoints/best.pt \
+		$$([ -f $(ML_STAGE2)/checkpoints/last.pt ] && echo RESUME=1)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import write_small_config
 from tests.test_synthesize import TINY
@@ -60,9 +61,41 @@ def test_the_multilingual_student_recipe_is_the_multilingual_recipe_plus_de_fr_a
             section["training"].pop(key)
     assert raw == plain
     makefile = (ROOT / "Makefile").read_text()
-    assert "--output runs/distilled/train_$$d" in makefile
+    assert "distilled-corpora DISTILL=$$d TEACHER=$$c" in makefile
     for pair in ("de_en", "en_de"):
         assert f"{pair}:runs/multi30k_{pair}_bt/checkpoints/best.pt" in makefile
+
+
+def test_the_multilingual_students_second_stage_adds_task_2s_translations_to_the_first_stages_corpora():
+    """configs/multi30k_multilingual_student_task2.yaml goes on from the first stage's best.pt (the Makefile passes
+    --init-from, which fixes the model and tokenizer, so the recipe sets none of their keys): the first stage's data
+    plus each teacher's translations of task 2's captions, bound to its direction and untagged; a shorter schedule."""
+    first = load_config(ROOT / "configs/multi30k_multilingual_student.yaml")
+    raw = yaml.safe_load((ROOT / "configs/multi30k_multilingual_student_task2.yaml").read_text())
+    assert "model" not in raw
+    second = load_config(ROOT / "configs/multi30k_multilingual_student_task2.yaml")
+    added = second.data.corpora[len(first.data.corpora):]
+    assert second.data.corpora[: len(first.data.corpora)] == first.data.corpora
+    assert [(c.direction, c.path, c.tag, c.held_out) for c in added] == [
+        (pair.replace("_", "-"), f"runs/distilled/task2_{pair}", None, False) for pair in ("de_en", "en_de")]
+    assert second.training.max_steps < first.training.max_steps
+    assert second.training.lr_scale < first.training.lr_scale
+    makefile = (ROOT / "Makefile").read_text()
+    assert "INIT_FROM=$(ML_STAGE1)/checkpoints/best.pt" in makefile
+    assert "DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)" in makefile
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_make_train_passes_init_from_to_a_new_run_only(resume):
+    """`make train INIT_FROM=C` starts the run from C (train --init-from); with RESUME=1 the run's last.pt says where
+    it started, and --init-from is left out (train refuses the two together)."""
+    args = ["make", "-n", "--no-print-directory", "train", "INIT_FROM=a/best.pt", "RUN_DIR=runs/x"]
+    printed = subprocess.run(args + (["RESUME=1"] if resume else []), cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout
+    train = next(line for line in printed.splitlines() if "transformer train" in line)
+    train += printed.split(train, 1)[1].splitlines()[1]  # the command's continuation line
+    assert ("--resume" in train) is resume
+    assert ("--init-from a/best.pt" in train) is not resume
 
 
 def test_a_parallel_weight_of_0_needs_a_synthetic_corpus(tmp_path, multi30k_subset):
