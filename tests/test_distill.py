@@ -79,6 +79,12 @@ def test_the_multilingual_students_second_stage_adds_task_2s_translations_to_the
         (pair.replace("_", "-"), f"runs/distilled/task2_{pair}", None, False) for pair in ("de_en", "en_de")]
     assert second.training.max_steps < first.training.max_steps
     assert second.training.lr_scale < first.training.lr_scale
+    raw = [config.to_dict() for config in (first, second)]
+    for section in raw:  # everything else is the first stage's
+        section["data"].pop("synthetic")
+        for key in ("max_steps", "lr_scale", "warmup_steps", "eval_every_steps"):
+            section["training"].pop(key)
+    assert raw[0] == raw[1]
     makefile = (ROOT / "Makefile").read_text()
     assert "INIT_FROM=$(ML_STAGE1)/checkpoints/best.pt" in makefile
     assert "DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)" in makefile
