@@ -19,7 +19,7 @@ SETS     := $(strip $(DATA_SET) $(SET))
 SET_FLAGS := $(foreach s,$(SETS),--set $(s))
 EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 
-.PHONY: install browser test test-fast lint train evaluate backtranslate distill distilled-corpora distill-multilingual notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
+.PHONY: install browser test test-fast lint train evaluate chain backtranslate distill distill-multilingual notebook notebook-run bench-decode bench-train bench-serve gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,119 +58,39 @@ train: install
 	$(MAKE) --no-print-directory evaluate
 
 AVERAGE_LAST ?= 5
-# A multilingual run's directions never trained, scored directly and through English (scripts/multilingual_zero_shot.sh;
-# pairs whose languages the run lacks are skipped).
+# A multilingual run's directions never trained, scored directly and through English (pairs whose languages the run
+# lacks are skipped, saying why).
 ZERO_SHOT ?= de-fr fr-de
 
-# Scores best.pt and the average of the last AVERAGE_LAST step checkpoints (of as many as there are, if fewer; said) on
-# the test split, greedy and with the config's beam search (the Multi30k recipes: beam 4, α 2.0).
-# A multilingual run (data.directions) is scored direction by direction: eval_test_CKPT_DIRECTION_{greedy,beam}.json.
-# A multilingual run also scores ZERO_SHOT with best.pt. Then RUN_DIR/scores.md: every score in one table, a row per
-# direction (scripts/score_table.py).
+# Scores RUN_DIR (transformer evaluate --run-dir, transformer/run_scores.py): best.pt and the average of the last
+# AVERAGE_LAST step checkpoints on the test split of each direction, greedy and with the recipe's beam search, a
+# multilingual run's ZERO_SHOT pairs, and every score in RUN_DIR/scores.md.
 evaluate: install
-	n=$$(ls $(RUN_DIR)/checkpoints/step_*.pt 2>/dev/null | wc -l); n=$$(( n < $(AVERAGE_LAST) ? n : $(AVERAGE_LAST) )); \
-	avg=; if [ $$n -gt 0 ]; then \
-		$(BIN)/transformer average --run-dir $(RUN_DIR) --last $$n --output $(RUN_DIR)/checkpoints/avg_last$$n.pt \
-			|| exit 1; avg=avg_last$$n; fi; \
-	if [ $$n -lt $(AVERAGE_LAST) ]; then echo "evaluate: $$n step checkpoints in $(RUN_DIR)/checkpoints, fewer than" \
-		"AVERAGE_LAST=$(AVERAGE_LAST): $${avg:-no average} scored beside best.pt"; fi; \
-	directions=$$($(BIN)/python -c "import yaml; print(' '.join(yaml.safe_load(open('$(RUN_DIR)/config.yaml'))['data'].get('directions') or []))"); \
-	for ckpt in best $$avg; do for d in $${directions:-none}; do \
-		flags=$$([ $$d = none ] || echo "--direction $$d"); name=$${ckpt}$$([ $$d = none ] || echo "_$$d"); \
-		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test --beam-size 1 $$flags \
-			--json $(RUN_DIR)/eval_test_$${name}_greedy.json $(EVAL_SET_FLAGS) && \
-		$(BIN)/transformer evaluate --checkpoint $(RUN_DIR)/checkpoints/$$ckpt.pt --split test $$flags \
-			--json $(RUN_DIR)/eval_test_$${name}_beam.json $(EVAL_SET_FLAGS) || exit 1; \
-	done; done
-	BIN=$(BIN) DATA_DIR=$(DATA_DIR) scripts/multilingual_zero_shot.sh $(RUN_DIR) best "$(ZERO_SHOT)"
-	$(BIN)/python scripts/score_table.py $(RUN_DIR)
+	$(BIN)/transformer evaluate --run-dir $(RUN_DIR) --average-last $(AVERAGE_LAST) --zero-shot $(ZERO_SHOT) \
+		$(EVAL_SET_FLAGS)
 
-# Back-translation (configs/multi30k_de_en_bt.yaml, multi30k_en_de_bt.yaml; BT=de_en or en_de): the reverse model
-# (BT_REVERSE: by default runs/multi30k_TGT_SRC_reverse, the other bilingual recipe trained for BT_REVERSE_STEPS
-# updates, trained or resumed until it has them (a finished run returns at once); BT_REVERSE=runs/multi30k_en_de uses
-# a finished run as it is),
-# Multi30k task 2's target-language descriptions translated by it into runs/synthetic/task2_TGT_SRC
-# (`transformer synthesize`, without the lines of the parallel training text; it goes on where it stopped), then the
-# BT recipe trained (resumed if it stopped) and evaluated. Every step can be interrupted and the same command goes on.
-BT        ?= de_en
-TASK2_DIR ?= ../shared/data/multi30k_task2
-# The search that makes the synthetic sources (any `transformer translate` decoding flags).
-BT_SEARCH ?= --beam-size 1
-BT_SRC    := $(word 1,$(subst _, ,$(BT)))
-BT_TGT    := $(word 2,$(subst _, ,$(BT)))
-BT_REVERSE_STEPS ?= 3000
-BT_REVERSE_RUN := runs/multi30k_$(BT_TGT)_$(BT_SRC)_reverse
-BT_REVERSE ?= $(BT_REVERSE_RUN)
-BT_CORPUS := runs/synthetic/task2_$(BT_TGT)_$(BT_SRC)
-PARALLEL_DIR := $(or $(DATA_DIR),../shared/data/multi30k)
+# Chains (transformer chain, transformer/chain.py): a recipe and everything it needs (reverse models, teachers,
+# their synthetic corpora, as its data.synthetic[].made_by and training.init_from say), each step skipped when done
+# and resumed when stopped, every trained run evaluated. `make chain CONFIG=configs/multi30k_fr_en_bt.yaml` runs any
+# recipe's; PLAN=1 prints the plan only.
+PLAN ?=
+chain: install
+	$(BIN)/transformer chain --config $(CONFIG) $(EVAL_SET_FLAGS) $(if $(PLAN),--plan,)
 
+# Back-translation (BT=de_en or en_de): configs/multi30k_BT_bt.yaml's chain.
+BT ?= de_en
 backtranslate: install
-	@if [ "$(BT_REVERSE)" = "$(BT_REVERSE_RUN)" ]; then \
-		$(BIN)/transformer train \
-			--config configs/multi30k_$(BT_TGT)_$(BT_SRC).yaml --run-dir $(BT_REVERSE) \
-			--set training.max_steps=$(BT_REVERSE_STEPS) $(EVAL_SET_FLAGS) \
-			$$([ -f $(BT_REVERSE)/checkpoints/last.pt ] && echo --resume) || exit $$?; \
-	elif [ ! -f $(BT_REVERSE)/checkpoints/best.pt ]; then \
-		echo "backtranslate: BT_REVERSE=$(BT_REVERSE) has no checkpoints/best.pt (a finished $(BT_TGT)->$(BT_SRC) run)"; exit 2; fi
-	@[ -f $(BT_CORPUS)/origin.json ] || $(BIN)/transformer synthesize --checkpoint $(BT_REVERSE)/checkpoints/best.pt \
-		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(BT_TGT).gz) --output $(BT_CORPUS) \
-		--exclude $(PARALLEL_DIR)/train.$(BT_TGT).gz $(BT_SEARCH)
-	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(BT)_bt.yaml \
-		$$([ -f runs/multi30k_$(BT)_bt/checkpoints/last.pt ] && echo RESUME=1)
+	$(BIN)/transformer chain --config configs/multi30k_$(BT)_bt.yaml $(EVAL_SET_FLAGS)
 
-# Sequence-level knowledge distillation (Kim & Rush 2016; configs/multi30k_de_en_student.yaml, en_de_student.yaml;
-# DISTILL=de_en or en_de): the teacher (TEACHER: one checkpoint or several, an ensemble; by default the bilingual
-# recipe's best.pt, trained and evaluated with `make train` first if runs/multi30k_SRC_TGT has no test scores yet)
-# translates with DISTILL_SEARCH the parallel training sources into runs/distilled/train_SRC_TGT and task 2's
-# captions in the source language (less those lines) into runs/distilled/task2_SRC_TGT (`transformer synthesize`;
-# each goes on where it stopped), then the student recipe is trained on both (resumed if it stopped) and evaluated.
+# Distilled students (DISTILL=de_en or en_de): configs/multi30k_DISTILL_student.yaml's chain (its teacher is the
+# back-translation model, trained first if it is not there).
 DISTILL ?= de_en
-DISTILL_SEARCH ?= --beam-size 4
-DISTILL_SRC := $(word 1,$(subst _, ,$(DISTILL)))
-TEACHER_RUN := runs/multi30k_$(DISTILL)
-TEACHER ?= $(TEACHER_RUN)/checkpoints/best.pt
-DISTILLED := runs/distilled/train_$(DISTILL)
-DISTILLED_TASK2 := runs/distilled/task2_$(DISTILL)
-
 distill: install
-	@if [ "$(TEACHER)" = "$(TEACHER_RUN)/checkpoints/best.pt" ]; then \
-		[ -f $(TEACHER_RUN)/eval_test_best_beam.json ] || $(MAKE) --no-print-directory train \
-			CONFIG=configs/multi30k_$(DISTILL).yaml $$([ -f $(TEACHER_RUN)/checkpoints/last.pt ] && echo RESUME=1) \
-			|| exit $$?; \
-	else for c in $(TEACHER); do [ -e $$c ] || { echo "distill: TEACHER: $$c not found"; exit 2; }; done; fi
-	@$(MAKE) --no-print-directory distilled-corpora DISTILL=$(DISTILL) TEACHER="$(TEACHER)"
-	$(MAKE) --no-print-directory train CONFIG=configs/multi30k_$(DISTILL)_student.yaml \
-		$$([ -f runs/multi30k_$(DISTILL)_student/checkpoints/last.pt ] && echo RESUME=1)
+	$(BIN)/transformer chain --config configs/multi30k_$(DISTILL)_student.yaml $(EVAL_SET_FLAGS)
 
-# The teacher's translations (TEACHER, of DISTILL's source language) of the parallel training sources and of task 2's
-# captions less those lines: runs/distilled/train_SRC_TGT and task2_SRC_TGT, each written unless it is there already.
-distilled-corpora: install
-	@[ -f $(DISTILLED)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
-		--input $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz --output $(DISTILLED) $(DISTILL_SEARCH)
-	@[ -f $(DISTILLED_TASK2)/origin.json ] || $(BIN)/transformer synthesize $(foreach c,$(TEACHER),--checkpoint $(c)) \
-		--input $(foreach i,1 2 3 4 5,$(TASK2_DIR)/train.$(i).$(DISTILL_SRC).gz) --output $(DISTILLED_TASK2) \
-		--exclude $(PARALLEL_DIR)/train.$(DISTILL_SRC).gz $(DISTILL_SEARCH)
-
-# One multilingual model distilled from bilingual teachers, in two stages. The de->en and en->de back-translation
-# models (ML_TEACHERS; `make backtranslate BT=de_en` and `BT=en_de` train them) translate the training sources and task
-# 2's captions (`make distilled-corpora`: what is there already is kept); configs/multi30k_multilingual_student.yaml
-# trains on the first beside the references of its eight directions, then
-# configs/multi30k_multilingual_student_task2.yaml goes on from its best.pt with task 2's translations added. Each
-# stage is evaluated; an interrupted stage is resumed, a finished one (its scores.md written) skipped.
-ML_TEACHERS ?= de_en:runs/multi30k_de_en_bt/checkpoints/best.pt en_de:runs/multi30k_en_de_bt/checkpoints/best.pt
-ML_STAGE1 := runs/multi30k_multilingual_student
-ML_STAGE2 := runs/multi30k_multilingual_student_task2
-
+# The eight-direction multilingual student in two stages, with its two back-translation teachers.
 distill-multilingual: install
-	@for t in $(ML_TEACHERS); do d=$${t%%:*}; c=$${t#*:}; \
-		[ -f runs/distilled/train_$$d/origin.json ] && [ -f runs/distilled/task2_$$d/origin.json ] && continue; \
-		[ -f $$c ] || { echo "distill-multilingual: ML_TEACHERS: $$c not found (make backtranslate BT=$$d trains it)"; exit 2; }; \
-		$(MAKE) --no-print-directory distilled-corpora DISTILL=$$d TEACHER=$$c || exit $$?; done
-	@[ -f $(ML_STAGE1)/scores.md ] || $(MAKE) --no-print-directory train \
-		CONFIG=configs/multi30k_multilingual_student.yaml $$([ -f $(ML_STAGE1)/checkpoints/last.pt ] && echo RESUME=1)
-	@[ -f $(ML_STAGE2)/scores.md ] || $(MAKE) --no-print-directory train \
-		CONFIG=configs/multi30k_multilingual_student_task2.yaml INIT_FROM=$(ML_STAGE1)/checkpoints/best.pt \
-		$$([ -f $(ML_STAGE2)/checkpoints/last.pt ] && echo RESUME=1)
+	$(BIN)/transformer chain --config configs/multi30k_multilingual_student_task2.yaml $(EVAL_SET_FLAGS)
 
 # Opens the teaching notebook in JupyterLab, on the venv's kernel (notebooks/learn_the_transformer.ipynb); as root
 # (a container) Jupyter wants --allow-root.

@@ -149,3 +149,73 @@ def test_a_relative_data_path_is_recorded_absolute_and_an_old_relative_one_resum
     elsewhere = load_config(path, ["data.path=/nowhere"])
     with pytest.raises(ConfigError, match="data.path"):
         check_resume_config({"config": elsewhere.to_dict(), "vocab_sizes": [8000, 8000]}, recorded, tmp_path / "l")
+
+
+# ---- recipes built on recipes (base:) ----------------------------------------------------------------------------
+
+
+def _recipe(folder: Path, name: str, raw: dict) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_recipe_merges_its_bases_mappings_and_replaces_their_lists_and_values(tmp_path):
+    _recipe(tmp_path, "sub/root.yaml", {**BASE, "data": {"path": "somewhere", "directions": ["de-en", "en-de"],
+                                                         "max_len": 50}, "training": {"max_steps": 9}})
+    _recipe(tmp_path, "middle.yaml", {"base": "sub/root.yaml", "data": {"max_len": 40, "vocab_size": 500}})
+    top = _recipe(tmp_path, "top.yaml", {"base": "middle.yaml", "data": {"directions": ["fr-en"]},
+                                         "model": {"d_model": 64}})
+    config = load_config(top)
+    assert config.data.directions == ["fr-en"]  # a list replaced whole, not merged
+    assert (config.data.max_len, config.data.vocab_size, config.data.path) == (40, 500, "somewhere")
+    assert (config.model.d_model, config.model.n_heads, config.training.max_steps) == (64, 4, 9)
+    saved = tmp_path / "saved.yaml"
+    save_config(config, saved)  # a run saves the whole resolved config: it loads alone
+    assert "base" not in yaml.safe_load(saved.read_text()) and load_config(saved) == config
+
+
+def test_an_error_names_the_base_file_that_set_the_key_and_a_set_names_itself(tmp_path):
+    _recipe(tmp_path, "root.yaml", {**BASE, "data": {"path": "x", "max_len": -1}})
+    top = _recipe(tmp_path, "top.yaml", {"base": "root.yaml", "training": {"max_steps": 5}})
+    with pytest.raises(ConfigError, match=r"root\.yaml \(a base of .*top\.yaml\): data\.max_len: must be a positive"):
+        load_config(top)
+    with pytest.raises(ConfigError, match=r"top\.yaml with --set data.max_len=-2: data\.max_len"):
+        load_config(top, ["data.max_len=-2"])
+    _recipe(tmp_path, "root.yaml", {**BASE, "data": {"path": "x"}, "training": {"max_step": 5}})
+    with pytest.raises(ConfigError, match=r"root\.yaml \(a base of .*top\.yaml\): training\.max_step: unknown key"):
+        load_config(top)
+
+
+def test_a_cycle_of_bases_and_a_missing_base_are_refused_naming_the_files(tmp_path):
+    a = _recipe(tmp_path, "a.yaml", {"base": "b.yaml", **BASE})
+    _recipe(tmp_path, "b.yaml", {"base": "a.yaml"})
+    with pytest.raises(ConfigError, match=r"a\.yaml: base: a cycle of recipes: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(a)
+    _recipe(tmp_path, "b.yaml", {"base": "gone.yaml"})
+    with pytest.raises(ConfigError, match=r"b\.yaml: base: gone\.yaml: no such recipe"):
+        load_config(a)
+    _recipe(tmp_path, "b.yaml", {"base": 3})
+    with pytest.raises(ConfigError, match=r"b\.yaml: base: expected the file name of the recipe"):
+        load_config(a)
+
+
+def test_a_recipe_named_in_a_recipe_is_relative_to_the_file_that_names_it(tmp_path):
+    _recipe(tmp_path, "sub/root.yaml", {**BASE, "data": {"path": "x", "synthetic": [
+        {"path": "c", "made_by": {"model": ["reverse.yaml", "/abs/m.pt"], "input": ["mono.txt"]}}]}})
+    top = _recipe(tmp_path, "top.yaml", {"base": "sub/root.yaml"})
+    made = load_config(top).data.synthetic[0].made_by
+    assert made.model == [str(tmp_path / "sub" / "reverse.yaml"), "/abs/m.pt"]
+    assert made.input == ["mono.txt"]  # data files: relative to the working directory, as data.path
+
+
+def test_made_by_is_checked_naming_the_entry(tmp_path):
+    path = _recipe(tmp_path, "c.yaml", {**BASE, "data": {"path": "x", "synthetic": [
+        {"path": "c", "made_by": {"model": [], "input": ["mono.txt"]}}]}})
+    with pytest.raises(ConfigError, match=r"data\.synthetic\[0\]\.made_by\.model: name at least one"):
+        load_config(path)
+    path = _recipe(tmp_path, "c.yaml", {**BASE, "data": {"path": "x", "synthetic": [
+        {"path": "c", "made_by": {"model": ["m.pt"], "input": ["t"], "sampling": True, "beam_size": 4}}]}})
+    with pytest.raises(ConfigError, match=r"made_by\.sampling: sampling draws one translation"):
+        load_config(path)

@@ -244,10 +244,55 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(synthesize, exclude=("n_best",))
     _add_engine_flags(synthesize)
 
+    chain = command(
+        "chain",
+        help="make a recipe's model and everything it needs (reverse models, teachers, synthetic corpora), then "
+        "evaluate: plans, skips what is done, resumes what stopped",
+    )
+    chain.add_argument(
+        "--config", required=True, help="the recipe to make, e.g. configs/multi30k_fr_en_bt.yaml"
+    )
+    chain.add_argument(
+        "--plan", action="store_true", help="print the steps and what is done, and stop"
+    )
+    chain.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value of every recipe the chain trains (repeatable), e.g. --set data.path=DIR",
+    )
+    chain.add_argument(
+        "--average-last",
+        type=int,
+        default=5,
+        metavar="N",
+        help="step checkpoints each evaluation averages (default 5)",
+    )
+
     evaluate = command(
         "evaluate", help="translate a test set and score BLEU and chrF with sacrebleu"
     )
-    evaluate.add_argument("--checkpoint", required=True, action="append", help="as translate's")
+    evaluate.add_argument("--checkpoint", action="append", help="as translate's")
+    evaluate.add_argument(
+        "--run-dir",
+        help="instead of --checkpoint: score a whole run: best.pt and the average of its last step checkpoints, "
+        "greedy and beam, each direction, into RUN_DIR/eval_test_*.json and RUN_DIR/scores.md (run_scores.py)",
+    )
+    evaluate.add_argument(
+        "--average-last",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --run-dir: the step checkpoints averaged (default 5; 0: best.pt only)",
+    )
+    evaluate.add_argument(
+        "--zero-shot",
+        nargs="*",
+        default=[],
+        metavar="SRC-TGT",
+        help="with --run-dir of a multilingual run: pairs it never trained, scored directly and through English",
+    )
     evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
     evaluate.add_argument(
         "--ref",
@@ -687,6 +732,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     from .translate import Translator
 
+    if args.run_dir:
+        from .run_scores import evaluate_run
+
+        if args.checkpoint or args.src or args.ref or args.split or args.direction or args.json:
+            raise ConfigError(
+                "evaluate: --run-dir scores the run's test split with its own checkpoints; leave out "
+                "--checkpoint, --src, --ref, --split, --direction and --json"
+            )
+        if args.average_last < 0:
+            raise ConfigError(f"--average-last must be >= 0, got {args.average_last}")
+        evaluate_run(args.run_dir, args.average_last, tuple(args.zero_shot), tuple(args.set))
+        return 0
+    if not args.checkpoint:
+        raise ConfigError("evaluate: give --checkpoint (a model) or --run-dir (a whole run)")
     if args.tokenize:
         check_bleu_tokenizer(args.tokenize)
     translator = Translator.from_checkpoint(
@@ -728,6 +787,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         workers=args.workers,
     )
     return 0
+
+
+def cmd_chain(args: argparse.Namespace) -> int:
+    """`transformer chain`: see `chain.py`."""
+    from .chain import check_needs, describe, plan, run_chain
+
+    steps = plan(args.config, tuple(args.set), args.average_last)
+    print(f"chain of {args.config}:\n{describe(steps)}", flush=True)
+    check_needs(steps)
+    if args.plan:
+        return 0
+    return run_chain(steps)
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
@@ -932,6 +1003,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "translate": cmd_translate,
         "evaluate": cmd_evaluate,
         "synthesize": cmd_synthesize,
+        "chain": cmd_chain,
         "export": cmd_export,
         "attention": cmd_attention,
         "plot": cmd_plot,

@@ -53,6 +53,12 @@ WORK_SUFFIX = ".work"
 """The work folder of output DIR is .DIR.work beside it: the job's translations while it runs."""
 
 
+def work_folder(output: str | Path) -> Path:
+    """The work folder of a job writing `output`: .OUTPUT.work beside it."""
+    output = Path(output)
+    return output.parent / f".{output.name}{WORK_SUFFIX}"
+
+
 @dataclass
 class SynthesisCounts:
     """What a job read, kept and dropped (lines)."""
@@ -185,7 +191,7 @@ def synthesize(
         "input_lang": input_lang,
         "output_lang": output_lang,
     }
-    work = output.parent / f".{output.name}{WORK_SUFFIX}"
+    work = work_folder(output)
     translations, ends, done = _resume(work, job)
     search = _describe(options)
     logger.info(

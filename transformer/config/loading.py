@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -48,6 +49,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`; int is accepted where float is expected."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is not None and len(options) == 1:  # Optional[X]: X's own message
+            return _coerce(value, options[0], key)
         for option in typing.get_args(tp):
             try:
                 return _coerce(value, option, key)
@@ -76,7 +80,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         for f in dataclasses.fields(tp):
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             _require(not required or f.name in kwargs, f"{key}.{f.name}", "required")
-        return tp(**kwargs)
+        try:
+            return tp(**kwargs)
+        except (
+            ConfigError
+        ) as err:  # its own checks name it by its field ("made_by.model"): name it in full
+            first = (err.key or "").split(".")[0]
+            if not first or key.rsplit(".", 1)[-1] != first:
+                raise
+            full = key + err.key[len(first) :]
+            raise ConfigError(f"{full}: {err.detail}", key=full, detail=err.detail) from None
     if tp is bool:
         _require(isinstance(value, bool), key, f"expected true or false, got {value!r}")
         return value
@@ -201,27 +214,24 @@ def load_config(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range;
             the message starts with the file name (and the overrides, if any) and names the key path.
     """
+    recipe = read_recipe(path)
     return _with_overrides(
-        read_raw_config(path), overrides, tuple(_SECTIONS), str(path), None, check_trainable
+        recipe.raw, overrides, tuple(_SECTIONS), str(path), None, check_trainable, recipe
     )
 
 
 def read_raw_config(
     path: str | Path, overrides: tuple[str, ...] | list[str] = ()
 ) -> dict[str, Any]:
-    """The YAML recipe as a plain mapping, with the overrides applied but nothing validated or filled in: what the
-    file and the command line set (fine-tuning compares it with the model it starts from).
+    """The YAML recipe as a plain mapping, its `base:` recipes merged in (`read_recipe`) and the overrides applied,
+    but nothing validated or filled in: what the files and the command line set (fine-tuning compares it with the
+    model it starts from).
 
     Raises:
-        ConfigError: the file is missing or not YAML, or an override is malformed.
+        ConfigError: a file is missing or not YAML, `base:` names a missing file or makes a cycle, or an override
+            is malformed.
     """
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    raw = read_recipe(path).raw
     if overrides and isinstance(raw, dict):  # not a mapping: config_from_dict says so
         try:
             for override in overrides:
@@ -229,6 +239,119 @@ def read_raw_config(
         except ConfigError as err:  # the message names the --set it is about
             raise ConfigError(f"{path}: {err}") from None
     return raw
+
+
+@dataclasses.dataclass
+class Recipe:
+    """A recipe read with its bases: `raw` the merged mapping (no `base` key), `origin` the file that set each key
+    (dotted key path -> file; a list's entries belong to the file that set the list), `files` the recipe and its
+    bases, the recipe first."""
+
+    raw: Any
+    origin: dict[str, Path]
+    files: list[Path]
+
+    def source_of(self, key: Optional[str]) -> Path:
+        """The file that set `key` ("data.synthetic[1].tag", "model.d_model"), or of its closest parent set; the
+        recipe itself for a key no file set (a default)."""
+        key = re.sub(r"\[\d+\].*$", "", key or "")
+        while key:
+            if key in self.origin:
+                return self.origin[key]
+            key = key.rpartition(".")[0]
+        return self.files[0]
+
+
+BASE_KEY = "base"
+"""A recipe's first key may name the recipe it builds on, relative to its own folder: `base: multi30k_de_en.yaml`.
+The base's mappings are merged with this file's, key by key; a list (`directions`, `synthetic`) or a value this file
+gives replaces the base's whole. A base may have a base; a cycle is refused."""
+
+
+def read_recipe(path: str | Path) -> Recipe:
+    """Read a recipe and the chain of recipes it builds on (`base:`), merged (`BASE_KEY`).
+
+    Raises:
+        ConfigError: a file is missing or not YAML, `base` is not a file name, or the bases make a cycle (naming
+            the files).
+    """
+    files: list[Path] = []
+    layers = []
+    path = Path(path)
+    while True:
+        if any(path.resolve() == f.resolve() for f in files):
+            cycle = " -> ".join(str(f) for f in [*files, path])
+            raise ConfigError(f"{files[0]}: base: a cycle of recipes: {cycle}")
+        files.append(path)
+        raw = _read_yaml(path)
+        if not isinstance(raw, dict) or BASE_KEY not in raw:
+            layers.append((path, raw))
+            break
+        base = raw.pop(BASE_KEY)
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(
+                f"{path}: base: expected the file name of the recipe this one builds on, got {base!r}"
+            )
+        layers.append((path, raw))
+        path = path.parent / base
+        if not path.is_file():
+            raise ConfigError(f"{files[-1]}: base: {base}: no such recipe ({path})")
+    merged: Any = {}
+    origin: dict[str, Path] = {}
+    for file, raw in reversed(layers):
+        if not isinstance(raw, dict):  # config_from_dict says what is wrong
+            return Recipe(raw, {}, files)
+        _resolve_recipe_paths(raw, file.parent)
+        merged = _merge(merged, raw, file, origin, "")
+    return Recipe(merged, origin, files)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+
+
+def _merge(base: Any, over: Any, file: Path, origin: dict[str, Path], prefix: str) -> Any:
+    """`over` merged onto `base`: mappings key by key, anything else replaced whole; `origin` records `file` for each
+    key `over` sets."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        for key in [k for k in origin if k.startswith(prefix + ".")] if prefix else list(origin):
+            del origin[key]  # what the base set below this key is gone
+        if prefix:
+            origin[prefix] = file
+        if isinstance(over, dict):
+            for key, value in over.items():
+                _merge(None, value, file, origin, f"{prefix}.{key}" if prefix else str(key))
+        return over
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(
+            base.get(key), value, file, origin, f"{prefix}.{key}" if prefix else str(key)
+        )
+    return out
+
+
+def _resolve_recipe_paths(raw: Any, folder: Path) -> Any:
+    """`raw` with every value that names a recipe (`is_recipe`) made relative to `folder`, the file's own, as `base:`
+    is (in place)."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            raw[key] = _resolve_recipe_paths(value, folder)
+    elif isinstance(raw, list):
+        raw[:] = [_resolve_recipe_paths(value, folder) for value in raw]
+    elif is_recipe(raw) and not Path(raw).is_absolute():
+        return str(folder / raw)
+    return raw
+
+
+def is_recipe(value: Any) -> bool:
+    """Whether a value of a recipe names another recipe (a model trained first: `made_by.model`,
+    `training.init_from`): a file name ending in .yaml or .yml."""
+    return isinstance(value, str) and value.endswith((".yaml", ".yml"))
 
 
 def override_config(
@@ -257,6 +380,7 @@ def _with_overrides(
     source: str,
     vocab_sizes: Optional[tuple[int, int]],
     check: Callable[[Config], None] = lambda config: None,
+    recipe: Optional[Recipe] = None,
 ) -> Config:
     try:
         for override in overrides:
@@ -268,8 +392,20 @@ def _with_overrides(
         check(config)
         return config
     except ConfigError as err:
+        key = err.key or _key_of(str(err)) or ""
+        overridden = any(key.startswith(o.split("=", 1)[0].strip()) for o in overrides)
+        if recipe is not None and len(recipe.files) > 1 and not overridden:
+            file = recipe.source_of(key)  # the file that set the key, and the recipe built on it
+            if file != recipe.files[0]:
+                source = f"{file} (a base of {source})"
         where = f"{source} with --set {' '.join(overrides)}" if overrides else source
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _key_of(message: str) -> Optional[str]:
+    """The key path a message starts with ("data.max_len: ..."), if any."""
+    match = re.match(r"([A-Za-z_][\w.\[\]]*): ", message)
+    return match.group(1) if match else None
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -133,6 +133,46 @@ class TransformerConfig:
 
 
 @dataclass(frozen=True)
+class SynthesisConfig:
+    """How a synthetic corpus is made: `made_by` of a `data.synthetic` entry. `transformer chain` writes the corpus
+    with `transformer synthesize` when its folder has no origin.json, after training the models it names that are
+    recipes (docs/training.md, "Chains")."""
+
+    model: list[str]
+    """The model that translates: a checkpoint file, or a recipe (a name ending in .yaml, relative to the recipe that
+    names it) whose run `runs/<its name>` is trained first and whose best.pt translates. Several entries: an ensemble
+    (their probabilities averaged)."""
+    input: list[str]
+    """Monolingual text files in the model's source language, plain or .gz (relative to the working directory)."""
+    exclude: list[str] = field(default_factory=list)
+    """Files whose lines are not translated (the parallel training text in the inputs' language: pairs the run has
+    already)."""
+    beam_size: int = 1
+    """The search: 1 for greedy, else beam search of this width with the model's length penalty."""
+    sampling: bool = False
+    """Sample each translation from the model's distribution instead (Edunov et al. 2018); beam_size must be 1."""
+    max_length_ratio: float = 3.0
+    """Pairs where one side has more than this many times the other's words are dropped."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model), "made_by.model", "name at least one checkpoint or recipe")
+        _require(bool(self.input), "made_by.input", "name at least one monolingual text file")
+        _require(
+            self.beam_size >= 1, "made_by.beam_size", f"must be at least 1, got {self.beam_size}"
+        )
+        _require(
+            not (self.sampling and self.beam_size > 1),
+            "made_by.sampling",
+            f"sampling draws one translation: beam_size must be 1, got {self.beam_size}",
+        )
+        _require(
+            self.max_length_ratio >= 1,
+            "made_by.max_length_ratio",
+            f"must be at least 1, got {self.max_length_ratio}",
+        )
+
+
+@dataclass(frozen=True)
 class SyntheticCorpusConfig:
     """A corpus made by a model (`transformer synthesize`: back-translated text), trained on beside the parallel
     data: an entry of `data.synthetic` (Sennrich et al. 2016; tagged: Caswell et al. 2019)."""
@@ -149,6 +189,8 @@ class SyntheticCorpusConfig:
     """Its share of an epoch: weight x its pairs, over the same for every corpus of the run (`data/mixing.py`)."""
     direction: str = ""
     """With data.directions: the direction it adds pairs to ("de-en"); "" for a run of one direction."""
+    made_by: Optional[SynthesisConfig] = None
+    """How the corpus is made (`SynthesisConfig`), for `transformer chain`; null: it is given (made by hand)."""
 
 
 @dataclass(frozen=True)

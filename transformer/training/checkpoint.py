@@ -285,7 +285,8 @@ def check_no_earlier_run(run_dir: Path) -> None:
     """Refuse to start a new run in a folder that holds an earlier run's checkpoints or metrics: starting afresh
     there would overwrite last.pt and metrics.jsonl and leave the old best.pt and step_N.pt beside the new run's
     (which `transformer average --last N` would then mix). A folder with only a tokenizer, a config or nothing (what
-    `transformer prepare` writes) is fine.
+    `transformer prepare` writes) is fine, and so is one whose run stopped before its first checkpoint and
+    validation (its metrics.jsonl holds only training lines, of updates that are lost).
 
     Raises:
         ConfigError: naming the files found, with the two ways on (--resume, or another or emptied --run-dir).
@@ -294,8 +295,10 @@ def check_no_earlier_run(run_dir: Path) -> None:
         sorted((run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
     )
     metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append(metrics)
+    if metrics.is_file() and '"valid"' in metrics.read_text(encoding="utf-8"):
+        found.append(
+            metrics
+        )  # a validated run (a run stopped before it saved or validated has nothing to keep)
     if found:
         names = ", ".join(str(p.relative_to(run_dir)) for p in found[:4]) + (
             ", ..." if len(found) > 4 else ""

@@ -218,6 +218,11 @@ def run_config(
     where = f"{config_path} with --set {' '.join(overrides)}" if overrides else str(config_path)
     last = checkpoint_path(run_dir)
     source = None
+    raw = read_raw_config(config_path, overrides)
+    if not init_from and isinstance(
+        raw, dict
+    ):  # the recipe's own training.init_from, as if given by the flag
+        init_from = recipe_init_from(raw, where)
     if resume and last.exists():
         recorded = source_of_run(last)
         if recorded is None:
@@ -228,13 +233,42 @@ def run_config(
                 )
             config = load_config(config_path, overrides)
         else:
-            config = fine_tuning_config(read_raw_config(config_path, overrides), recorded, where)
+            config = fine_tuning_config(raw, recorded, where)
     elif not init_from:
         config = load_config(config_path, overrides)
     else:
         source = load_source(init_from)
-        config = fine_tuning_config(read_raw_config(config_path, overrides), source, where)
+        config = fine_tuning_config(raw, source, where)
     return with_absolute_data_path(config), source
+
+
+def recipe_init_from(raw: dict[str, Any], where: str) -> Optional[str]:
+    """The checkpoint a recipe's own `training.init_from` names, taken out of `raw` (the run records the file it
+    read, as `--init-from` does): a checkpoint path as it is, a recipe (X.yaml) as the best.pt of its run
+    `runs/X` (`chain.model_checkpoint`); None if the recipe names none.
+
+    Raises:
+        ConfigError: a recipe whose run has no best.pt yet (`transformer chain` trains it first).
+    """
+    from ..chain import model_checkpoint
+
+    training = raw.get("training")
+    if not isinstance(training, dict) or not training.get("init_from"):
+        return None
+    if training.get("init_from_sha256"):  # a recorded run's config (its source read already)
+        return None
+    value = training.pop("init_from")
+    checkpoint = model_checkpoint(value)
+    if not checkpoint.exists():
+        raise ConfigError(
+            f"{where}: training.init_from: {value}: {checkpoint} not found"
+            + (
+                f"; `transformer chain --config {value}` trains it"
+                if str(value).endswith((".yaml", ".yml"))
+                else ""
+            )
+        )
+    return str(checkpoint)
 
 
 def with_absolute_data_path(config: Config) -> Config:
