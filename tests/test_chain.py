@@ -171,7 +171,8 @@ def _toy_tree(folder: Path, multi30k_subset: Path) -> Path:
     (folder / "configs").mkdir()
     (folder / "configs" / "toy_de_en.yaml").write_text(yaml.safe_dump(base))
     (folder / "configs" / "toy_en_de.yaml").write_text(
-        "base: toy_de_en.yaml\ndata: {src_lang: en, tgt_lang: de}\ntraining: {max_steps: 80, warmup_steps: 30, eval_every_steps: 40}\n")
+        "base: toy_de_en.yaml\ndata: {src_lang: en, tgt_lang: de}\n"
+        "training: {max_steps: 80, warmup_steps: 30, eval_every_steps: 40}\n")
     english = gzip.decompress((MULTI30K / "train.en.gz").read_bytes()).decode().split("\n")
     (folder / "mono.en").write_text("\n".join(english[3990:4290]) + "\n")  # 10 lines of the parallel text
     (folder / "configs" / "toy_de_en_bt.yaml").write_text(yaml.safe_dump({
@@ -225,7 +226,7 @@ def test_a_toy_chain_runs_end_to_end_and_a_killed_one_goes_on_to_the_same_output
         time.sleep(0.05)
     os.kill(chain.pid, signal.SIGKILL)  # the chain dies at once; its training child is stopped with it
     chain.wait()
-    child = ["pgrep", "-f", f"--run-dir runs/toy_en_de"]
+    child = ["pgrep", "-f", "--run-dir runs/toy_en_de"]
     while subprocess.run(child, capture_output=True).returncode == 0 and time.time() < deadline:
         time.sleep(0.2)  # the child saves its last.pt and stops
     again = _chain(killed)

@@ -10,7 +10,13 @@ from pathlib import Path
 import yaml
 
 from transformer.config import load_config
-from transformer.run_scores import language_of, score_zero_shot, scores_table, vocabularies, zero_shot_table
+from transformer.run_scores import (
+    language_of,
+    score_zero_shot,
+    scores_table,
+    vocabularies,
+    zero_shot_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
