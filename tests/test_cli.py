@@ -1,5 +1,6 @@
 """End to end through the command line, on a few thousand real Multi30k pairs."""
 
+import argparse
 import gzip
 import json
 import os
@@ -533,3 +534,11 @@ def test_a_pipe_reader_gets_the_first_lines_after_a_short_chunk(trained_run, mul
     # the first chunk reaches the reader; translate stops at the first write after it left (16 + 32 lines, or one
     # chunk more if that write came before the reader closed the pipe), far from the 1000 lines of one chunk
     assert first[0].strip() and decoded[0] == FIRST_CHUNK and sum(decoded) <= 7 * FIRST_CHUNK, decoded
+
+
+def test_the_help_names_every_command():
+    from transformer.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert [c for c in commands if f" {c}," not in parser.description and f" {c}." not in parser.description] == []

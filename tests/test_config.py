@@ -219,3 +219,9 @@ def test_made_by_is_checked_naming_the_entry(tmp_path):
         {"path": "c", "made_by": {"model": ["m.pt"], "input": ["t"], "sampling": True, "beam_size": 4}}]}})
     with pytest.raises(ConfigError, match=r"made_by\.sampling: sampling draws one translation"):
         load_config(path)
+
+
+def test_a_set_of_a_list_entry_says_what_set_reaches_and_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match=r"--set reaches section\.key only, not the entries of data\.synthetic: .*"
+                                          r"base: FILE"):
+        load_config(_write(tmp_path, BASE), ["data.synthetic.0.tag="])

@@ -32,6 +32,7 @@ ORDER = [
     "training.checkpoint", "training.stop", "training.init_from", "training.validate", "training.tensorboard",
     "training.trainer",
     "training",
+    "run_scores", "chain",
     "", "cli", "__main__",
 ]
 INFERENCE_MODULES = ["transformer", "transformer.checkpoint", "transformer.translate", "transformer.evaluate",

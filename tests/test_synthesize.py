@@ -284,3 +284,30 @@ def test_the_toy_chain_reverse_model_then_synthesis_then_training(trained_run, m
         "src_langs": ["en"], "tgt_langs": ["de"], "directions": []}
     tag = translator.tokenizer.token_id("<bt>")  # one whole piece of the vocabulary, put by id, never read from text
     assert tag not in translator.tokenizer.src_ids(["<bt> A dog", "A <bt> dog"])[0]
+
+
+def test_an_output_synthesize_did_not_write_is_refused_before_any_work(trained_run, tmp_path, capsys, caplog):
+    from transformer.cli import main
+
+    (tmp_path / "mono.en").write_text("A dog runs.\n")
+    common = ["synthesize", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--input",
+              str(tmp_path / "mono.de"), "--output"]
+    (tmp_path / "mono.de").write_text("Ein Hund rennt.\nZwei Katzen schlafen.\n")
+    (tmp_path / "a_file").write_text("keep me\n")
+    assert main([*common, str(tmp_path / "a_file")]) == 2
+    assert "a file, not a corpus folder" in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "keep me\n"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    assert main([*common, str(mine)]) == 2
+    assert "did not write (no origin.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "mine", "mono.de", "mono.en"]  # nothing left
+    corpus = tmp_path / "corpus"
+    capped = [str(corpus), "--max-len-b", "3", "--max-len-a", "0", "--chunk-lines", "1"]
+    assert main([*common, *capped]) == 0
+    first = (corpus / "origin.json").read_text()
+    assert [r.getMessage()[:33] for r in caplog.records if "length cap" in r.getMessage()] == [
+        "2 of 2 outputs reached the length"]  # once for the job, not once per chunk
+    assert main([*common, *capped]) == 0  # an earlier corpus: replaced
+    assert (corpus / "origin.json").read_text() != first

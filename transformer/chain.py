@@ -34,23 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config, ConfigError, load_config
-from .config.loading import is_recipe
-
-RUNS = Path("runs")
-"""Where the runs of the recipes a chain trains are written: runs/<recipe name>."""
+from .config.loading import is_recipe, model_checkpoint, run_dir_of
 
 MISSING, STOPPED, FINISHED = "missing", "stopped", "finished"
-
-
-def run_dir_of(recipe: str | Path) -> Path:
-    """The run folder of a recipe in a chain: runs/<its file name without .yaml>."""
-    return RUNS / Path(recipe).stem
-
-
-def model_checkpoint(model: str | Path) -> Path:
-    """The checkpoint a model reference names: a recipe (X.yaml) is its run's best.pt (runs/X/checkpoints/best.pt),
-    anything else a checkpoint path as given."""
-    return run_dir_of(model) / "checkpoints" / "best.pt" if is_recipe(str(model)) else Path(model)
 
 
 @dataclass(frozen=True)

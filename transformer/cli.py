@@ -1,4 +1,5 @@
-"""The `transformer` command: train, prepare, average, translate, evaluate, export, attention, plot, serve.
+"""The `transformer` command: train, prepare, chain, average, translate, evaluate, synthesize, export, attention, plot,
+serve.
 
 Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
@@ -97,7 +98,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transformer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="transformer", description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)

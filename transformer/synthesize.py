@@ -20,14 +20,15 @@ The job, in order:
    reason counted;
 4. write `OUTPUT/train.{input_lang}.gz` and `OUTPUT/train.{output_lang}.gz` (line i of one is the translation of
    line i of the other) and `OUTPUT/origin.json`: the model (path and SHA-256), the search, the date and the counts;
-   the folder is renamed into place when complete (an earlier result in its place is replaced), and the work
-   folder removed.
+   the folder is renamed into place when complete (an earlier corpus in its place is replaced only then; any
+   other file or folder there is refused before any work: `check_output`), and the work folder removed.
 
 A run uses the folder as a corpus of `data.synthetic` (`config/sections.py: SyntheticCorpusConfig`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -36,6 +37,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -43,6 +45,7 @@ from typing import Any, Optional
 from tqdm import tqdm
 
 from .data import DataError, LineReader
+from .decoding.options import warn_length_cap
 from .files import write_file, write_folder
 from .request import ResolvedOptions
 from .translate import Translator
@@ -72,6 +75,23 @@ class SynthesisCounts:
     dropped: dict[str, int] = field(default_factory=dict)
     """Per reason of `filter_pairs`, the pairs dropped."""
     kept: int = 0
+
+
+def check_output(output: Path) -> None:
+    """Refuse, before any work, an output that is not a corpus folder this command may write: a file, or a folder
+    with files that an earlier `transformer synthesize` did not write (no origin.json). An earlier corpus is
+    replaced once the new one is whole; nothing else is deleted.
+
+    Raises:
+        DataError: naming the path and what to do.
+    """
+    if output.is_file() or (output.exists() and not output.is_dir()):
+        raise DataError(f"--output {output}: a file, not a corpus folder: choose another --output")
+    if output.is_dir() and any(output.iterdir()) and not (output / "origin.json").is_file():
+        raise DataError(
+            f"--output {output}: a folder that `transformer synthesize` did not write (no origin.json): choose "
+            "another --output, or empty it"
+        )
 
 
 def unique_lines(
@@ -176,6 +196,7 @@ def synthesize(
         KeyboardInterrupt: the job was interrupted; started again, it goes on after its last complete chunk.
     """
     output = Path(output)
+    check_output(output)
     counts = SynthesisCounts()
     excluded = set(unique_lines(list(exclude), SynthesisCounts()))
     lines = unique_lines(inputs, counts, excluded)
@@ -217,7 +238,8 @@ def synthesize(
     ):
         for start in range(done, len(lines), chunk_lines):
             chunk = lines[start : start + chunk_lines]
-            result = translator.run(translator.request(chunk, options), scores=False)
+            with _quiet(cap_logger):  # said once for the whole job below, not once per chunk
+                result = translator.run(translator.request(chunk, options), scores=False)
             texts = [
                 " ".join(t.split()) for t in result.texts
             ]  # one line each, whatever the model wrote
@@ -229,6 +251,7 @@ def synthesize(
             ends += [hyps[0] for hyps in result.finished]
             _save_progress(work, job, start + len(chunk))
             bar.update(len(chunk))
+    warn_length_cap(sum(not ended for ended in ends), len(ends), options.decoding)
     counts.translated = len(translations)
     kept, counts.dropped = filter_pairs(lines, translations, ends, max_length_ratio)
     counts.kept = len(kept)
@@ -248,11 +271,23 @@ def synthesize(
                 f.writelines(side[i] + "\n" for i in kept)
         (folder / "origin.json").write_text(json.dumps(origin, indent=2) + "\n", encoding="utf-8")
 
-    if output.exists():
-        shutil.rmtree(output)  # an earlier result in its place
-    write_folder(output, write)
+    write_folder(output, write)  # an earlier result in its place stays until this one is whole
     shutil.rmtree(work)
     return output, counts
+
+
+cap_logger = logging.getLogger(warn_length_cap.__module__)
+
+
+@contextlib.contextmanager
+def _quiet(log: logging.Logger) -> Iterator[None]:
+    """`log`'s warnings left out while the block runs."""
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _describe(options: ResolvedOptions) -> str:

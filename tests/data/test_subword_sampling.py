@@ -241,7 +241,7 @@ def test_train_cli_with_subword_sampling_logs_the_samples(tmp_path, multi30k_sub
     config = write_small_config(tmp_path, multi30k_subset, training={"max_steps": 40, "eval_every_steps": 40},
                                 data={"subword_sampling": True, "max_tokens_per_batch": 8192})
     result = subprocess.run([sys.executable, "-m", "transformer", "train", "--config", str(config), "--run-dir",
-                             str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+                             str(tmp_path / "run")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "subword sampling (data.subword_sampling): BPE-dropout, alpha 0.1" in result.stderr
     assert "epoch 1: subword sample of" in result.stderr

@@ -146,6 +146,12 @@ def _apply_override(
         )
     dotted, text = override.split("=", 1)
     parts = dotted.strip().split(".")
+    if len(parts) > 2 and parts[0] in sections:
+        raise ConfigError(
+            f"--set {override!r}: --set reaches section.key only, not the entries of "
+            f"{parts[0]}.{parts[1]}: give its whole value (e.g. --set '{parts[0]}.{parts[1]}=[...]' in YAML) or "
+            "write a recipe that builds on this one (base: FILE) with the entries changed"
+        )
     if len(parts) != 2 or parts[0] not in sections:
         close = difflib.get_close_matches(parts[0], sections, n=1) if len(parts) == 2 else []
         hint = f"; did you mean {close[0]}.{parts[1]}?" if close else ""
@@ -346,6 +352,22 @@ def _resolve_recipe_paths(raw: Any, folder: Path) -> Any:
     elif is_recipe(raw) and not Path(raw).is_absolute():
         return str(folder / raw)
     return raw
+
+
+RUNS = Path("runs")
+"""Where the run of a recipe named in a recipe is written: runs/<recipe name> (`transformer chain`)."""
+
+
+def run_dir_of(recipe: str | Path) -> Path:
+    """The run folder of a recipe named in a recipe: runs/<its file name without .yaml>, as `transformer train`
+    names a run by default (relative to the working directory)."""
+    return RUNS / Path(recipe).stem
+
+
+def model_checkpoint(model: str | Path) -> Path:
+    """The checkpoint a model reference names (`made_by.model`, `training.init_from`): a recipe (X.yaml) is its
+    run's best.pt (runs/X/checkpoints/best.pt), anything else a checkpoint path as given."""
+    return run_dir_of(model) / "checkpoints" / "best.pt" if is_recipe(str(model)) else Path(model)
 
 
 def is_recipe(value: Any) -> bool:

@@ -245,12 +245,12 @@ def run_config(
 def recipe_init_from(raw: dict[str, Any], where: str) -> Optional[str]:
     """The checkpoint a recipe's own `training.init_from` names, taken out of `raw` (the run records the file it
     read, as `--init-from` does): a checkpoint path as it is, a recipe (X.yaml) as the best.pt of its run
-    `runs/X` (`chain.model_checkpoint`); None if the recipe names none.
+    `runs/X` (`config.loading.model_checkpoint`); None if the recipe names none.
 
     Raises:
         ConfigError: a recipe whose run has no best.pt yet (`transformer chain` trains it first).
     """
-    from ..chain import model_checkpoint
+    from ..config.loading import model_checkpoint
 
     training = raw.get("training")
     if not isinstance(training, dict) or not training.get("init_from"):
