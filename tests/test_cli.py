@@ -1,9 +1,9 @@
 """End to end through the command line, on a few thousand real Multi30k pairs."""
 
-import argparse
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -540,5 +540,6 @@ def test_the_help_names_every_command():
     from transformer.cli import build_parser
 
     parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = re.search(r"\{([a-z,]+)\}", parser.format_usage()).group(1).split(",")
+    assert "synthesize" in commands and "chain" in commands
     assert [c for c in commands if f" {c}," not in parser.description and f" {c}." not in parser.description] == []

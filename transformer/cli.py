@@ -628,6 +628,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     raise ConfigError(
                         str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
                     ) from None
+                except ConfigError as err:  # a run of lines without a language of its own: name its line
+                    if not per_line or isinstance(err, OptionError):
+                        raise
+                    raise ConfigError(
+                        f"input line {index + 1}: {err}", err.key, f"input line {index + 1}: {err.detail}"
+                    ) from None
                 result = translator.run(request, scores=bool(args.n_best))
                 _warn_translation(translator, result, index)
                 out.write(

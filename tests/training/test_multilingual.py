@@ -142,6 +142,9 @@ def test_a_token_written_at_the_start_of_a_sentence_is_read_once_or_refused(mult
     assert main(["translate", "--checkpoint", str(best), "--tgt-lang", "b", "ko ku", ">>a<< ka ke"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--tgt-lang: input line 2: a sentence starts with >>a<<" in error[0], error
+    assert main(["translate", "--checkpoint", str(best), ">>b<< ko ku", "ka ke"]) == 2  # no token, no --tgt-lang
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["po pu"] and err.count("\n") == 1 and "input line 2: " in err, err
     service = TranslationService(translator)
     with pytest.raises(RequestError, match="starts with >>a<<") as refused:
         asyncio.run(service.translate(["ko ku", ">>a<< ka ke"], {"tgt_lang": "b"}))
