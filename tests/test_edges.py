@@ -249,3 +249,28 @@ def test_sigterm_stops_translate_as_ctrl_c_does_keeping_what_it_translated(check
     assert job.returncode == 130, err
     assert "translate: interrupted" in err and str(partial) in err and not out.exists()
     assert len(partial.read_text().splitlines()) % 16 == 0 and partial.read_text()  # whole chunks, said on stderr
+
+
+def test_a_validation_pair_longer_than_the_model_is_validated_as_translation_reads_it(tmp_path, multi30k_subset,
+                                                                                      caplog):
+    """A recipe whose validation split holds a pair longer than model.max_positions trains through its validations:
+    the pair is left out of the loss (said once) and its source translated from its start, as `translate` does."""
+    import gzip
+    import shutil
+
+    from tests.conftest import write_small_config
+    from transformer.cli import main
+
+    data = tmp_path / "data"
+    shutil.copytree(multi30k_subset, data)
+    for lang, words in (("de", "ein Hund und eine Katze laufen"), ("en", "a dog and a cat run")):
+        lines = gzip.decompress((data / f"val.{lang}.gz").read_bytes()).decode().splitlines()
+        lines[0] = " ".join([words] * 20)  # far more than 64 pieces
+        (data / f"val.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    config = write_small_config(tmp_path, data, model={"max_positions": 64}, data={"max_len": 60},
+                                training={"max_steps": 10, "eval_every_steps": 10, "log_every_steps": 5})
+    assert main(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                 "--set", "data.valid_max_sentences=5", "--set", "decoding.max_len_b=5"]) == 0
+    said = [r.getMessage() for r in caplog.records if "longer than model.max_positions" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("validation: 1 pairs longer than model.max_positions=64")
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()

@@ -57,6 +57,12 @@ def run_directions(config: Config) -> list[str]:
     return [f"{c.src_lang}-{c.tgt_lang}" for c in config.data.corpora if c.held_out]
 
 
+def is_multilingual(config: Config) -> bool:
+    """Whether a run's test splits are scored direction by direction (its corpora carry target-language tokens:
+    `data.directions`), each file named after its direction."""
+    return any(c.language_token for c in config.data.corpora if c.held_out)
+
+
 def evaluate_run(
     run_dir: str | Path,
     average_last: int = 5,
@@ -95,7 +101,7 @@ def evaluate_run(
             f"evaluate: {n} step checkpoints in {run_dir / 'checkpoints'}, fewer than --average-last "
             f"{average_last}: {f'avg_last{n}' if n else 'no average'} scored beside best.pt"
         )
-    multilingual = bool(config.data.directions)
+    multilingual = is_multilingual(config)
     for name, path in checkpoints.items():
         translator = Translator.from_checkpoint(path)
         for direction in run_directions(config):
@@ -200,7 +206,7 @@ def score_zero_shot(
     from .config import override_config
     from .data.text import read_lines
 
-    if not config.data.directions:
+    if not is_multilingual(config):
         out(
             f"zero-shot: {run_dir} is not a multilingual run (no data.directions): nothing to score"
         )

@@ -31,6 +31,7 @@ import torch
 from ..config import BOS_ID, Config, ConfigError
 from ..model import Transformer
 from ..tokenizer import Tokenizer
+from ..translate import source_within
 from .data import ValidationSet
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,10 @@ class TensorBoardLog:
         sources = [source_text(tokenizer, valid.pairs.src(i).tolist()) for i in range(n)]
         self.write_samples(step, sources, valid.references[:n], hypotheses[:n])
         if hypothesis_ids:
+            src = valid.pairs.src(0).tolist()[:-1]  # cut as validation translated it
+            src = source_within(src, model.config.max_positions)[0]
             weights, src_pieces, tgt_pieces = cross_attention(
-                model, tokenizer, valid.pairs.src(0).tolist(), hypothesis_ids[0], device
+                model, tokenizer, src, hypothesis_ids[0], device
             )
             self.write_attention(step, weights, src_pieces, tgt_pieces)
 

@@ -16,7 +16,7 @@ from ..engines import PyTorchEngine
 from ..evaluate import corpus_scores
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from ..translate import Translator
+from ..translate import Translator, source_within
 from .data import ValidationSet, epoch_batches
 from .loss import LossComputation, batch_loss
 
@@ -46,7 +46,20 @@ def validate(
     n_tokens = 0
     loss_module = LossComputation(model, config.training.label_smoothing)
     pairs = valid.pairs
+    longest = config.model.max_positions  # a longer pair: left out of the loss, its source cut for BLEU
+    fits = (pairs.src_lengths <= longest) & (pairs.tgt_lengths <= longest)
+    if not fits.all():
+        logger.warning(
+            "validation: %d pairs longer than model.max_positions=%d tokens are left out of the loss; their "
+            "sources are translated from their first %d tokens, as translation does",
+            int((~fits).sum()),
+            longest,
+            longest - 1,
+        )
     for indices in epoch_batches(pairs, config, epoch=0):
+        indices = indices[fits[indices]]
+        if not len(indices):
+            continue
         batch = pairs.batch(indices).to(device)
         loss, nll = batch_loss(loss_module, batch)
         total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
@@ -63,7 +76,9 @@ def validate(
     translator = Translator(PyTorchEngine(model, tokenizer, config, device))
     greedy = dataclasses.replace(config.decoding, beam_size=1, n_best=1)
     hyps = translator.decode_ids(
-        [pairs.src(i).tolist() for r in chosen for i in r], greedy, scores=False
+        [source_within(pairs.src(i).tolist()[:-1], longest)[0] for r in chosen for i in r],
+        greedy,
+        scores=False,
     )  # BLEU only
     texts = [tokenizer.decode_tgt(h[0].tokens) for h in hyps]
     per_corpus, done = {}, 0
