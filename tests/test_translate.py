@@ -232,3 +232,16 @@ def test_no_output_loops_on_one_piece_in_float32_or_int8(looping_checkpoint, mul
         for beam_size in (1, 4):
             limited = translator.decode_ids(src_ids, translator.decoding_options(beam_size=beam_size))
             assert max(longest_run(hyps[0].tokens) for hyps in limited) <= 3, (quantization, beam_size)
+
+
+def test_the_request_module_example_runs_as_written(trained_run):
+    """transformer/request.py's docstring example, executed line by line on a de->en model."""
+    import transformer.request as request_module
+
+    translator = Translator.from_checkpoint(trained_run / "checkpoints" / "best.pt")
+    lines = [line.strip().split("  #")[0] for line in request_module.__doc__.split("\n\n")[1].splitlines()]
+    scope = {**vars(request_module), "config": translator.config, "tokenizer": translator.engine.tokenizer,
+             "translator": translator}
+    for line in lines:
+        exec(line, scope)
+    assert scope["translation"].texts == translator.translate(["Ein Hund rennt."], beam_size=4)

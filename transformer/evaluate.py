@@ -159,9 +159,10 @@ def evaluation_data(
     checkpoint: str,
     direction: Optional[str] = None,
     tgt_lang: Optional[str] = None,
-) -> tuple[list[str], list[list[str]], str, str]:
+) -> tuple[list[str], list[list[str]], Optional[str], str]:
     """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
-    the target language, and where they came from. Either a split of the checkpoint's data section (with `--set
+    the target language (of the split's direction; with --src/--ref the `tgt_lang` given, else the model's one
+    target language, None for a model of several), and where they came from. Either a split of the checkpoint's data section (with `--set
     data.KEY=VALUE` overrides; of a multilingual model, the split of one of its `direction`s) or --src and --ref
     files.
 
@@ -210,7 +211,9 @@ def evaluation_data(
             raise DataError(
                 f"reference {path} has {len(refs[-1])} lines but the source {src_path} has {len(src)}"
             )
-    return src, refs, config.data.tgt_lang, f"{src_path} + {' + '.join(ref_paths)}"
+    held_out = [c for c in config.data.corpora if c.held_out]
+    language = tgt_lang or (held_out[0].tgt_lang if len(held_out) == 1 else None)
+    return src, refs, language, f"{src_path} + {' + '.join(ref_paths)}"
 
 
 def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:

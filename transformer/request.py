@@ -1,8 +1,8 @@
 """A translation call resolved once, where it enters (the CLI, the server, the Python API): STYLE.md §13.
 
-    options = resolve_options(config, tgt_lang="fr", beam_size=4)      # the target language decided here, once
-    request = make_request(tokenizer, ["A dog runs."], options)       # texts, source ids, prefixes
-    translator.run(request)                                           # translate.py: a `Translation`
+    options = resolve_options(config, tokenizer, tgt_lang="en", beam_size=4)   # the target language, decided once
+    request = make_request(tokenizer, config, ["Ein Hund rennt."], options)    # texts, source ids, prefixes
+    translation = translator.run(request)                                      # translate.py: a `Translation`
 
 `resolve_options` checks the decoding options and decides the target language and its token (`ResolvedOptions`);
 `make_request` takes a written `>>fra<<` out of the sentences, tokenizes them and their target prefixes
@@ -39,7 +39,7 @@ class ResolvedOptions:
     """The language translated into, and its token if the model takes one."""
     source_prefix: tuple[int, ...]
     """The ids put before every source: the target language's token (Johnson et al. 2017, §3); none for a model
-    without tokens. Alignments and attention pictures skip them."""
+    without tokens. Alignments skip them; attention pictures show them, as the model reads them."""
 
 
 def resolve_options(

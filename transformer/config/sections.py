@@ -181,7 +181,7 @@ class SyntheticCorpusConfig:
     """Folder with `{train_split}.{src_lang}.gz` and `.{tgt_lang}.gz` (as `transformer synthesize` writes it, with
     its origin.json); training pairs only."""
     name: str = "bt"
-    """Names its token cache, its subword samples and its lines in the logs."""
+    """Names its subword samples and its lines in the logs (unique among the run's corpora)."""
     tag: str = "<bt>"
     """A reserved piece put first on each of its sources (after a language token), so that the model can tell
     synthetic sources from real ones; "" for none. Translation never puts it."""

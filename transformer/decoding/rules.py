@@ -4,12 +4,14 @@ search and sampling all apply, once per step, through `NextTokenRules`.
 At every step, for every row (a hypothesis being extended):
 
 1. pad and bos are never produced;
-2. eos is not produced before `min_len` tokens;
-3. no token that would repeat an n-gram of `no_repeat_ngram_size` tokens of the row's history (`ngram.py`);
-4. no token that would make a run of one token longer than `max_repeat` (`ngram.py`);
-5. inside the row's forced prefix, only the prefix's token, with the score the model gives it (before 1-4).
+2. the marks a model's sources carry (language tokens, synthetic-corpus tags: `TargetRules.banned`) are never
+   produced;
+3. eos is not produced before `min_len` tokens;
+4. no token that would repeat an n-gram of `no_repeat_ngram_size` tokens of the row's history (`ngram.py`);
+5. no token that would make a run of one token longer than `max_repeat` (`ngram.py`);
+6. inside the row's forced prefix, only the prefix's token, with the score the model gives it (before 1-5).
 
-Eos is never blocked by 3 or 4, so a hypothesis can always end.
+Eos is never blocked by 4 or 5, so a hypothesis can always end.
 """
 
 from __future__ import annotations
