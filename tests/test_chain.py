@@ -234,3 +234,12 @@ def test_a_toy_chain_runs_end_to_end_and_a_killed_one_goes_on_to_the_same_output
     assert "[stopped: goes on] train runs/toy_en_de" in again.stdout
     assert "--resume" in again.stdout.split("chain: train runs/toy_en_de")[1].splitlines()[0]
     assert _outputs(killed) == _outputs(whole)
+
+
+def test_the_toy_chain_plans_every_kind_of_step_at_toy_scale(in_tmp):
+    steps = plan(CONFIGS / "toy" / "toy_de_en_student.yaml")
+    assert [s.kind for s in steps] == ["train", "evaluate", "synthesize", "train", "evaluate", "synthesize", "train",
+                                       "evaluate"]
+    for step in (steps[2], steps[5]):
+        assert step.command[step.command.index("--max-lines") + 1] == "3000"
+    assert load_config(CONFIGS / "toy" / "toy_de_en_student.yaml").model.d_model == 128

@@ -182,6 +182,8 @@ class _Planner:
         ]
         if made.sampling:
             command += ["--sampling"]
+        if made.max_lines:
+            command += ["--max-lines", str(made.max_lines)]
         if entry.direction:
             command += ["--input-lang", entry.direction.split("-")[0]]
         self.add(

@@ -239,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines translated between saves of the progress (2000)",
     )
     synthesize.add_argument(
+        "--max-lines",
+        type=int,
+        default=0,
+        metavar="N",
+        help="translate only the first N unique lines (default 0: all), e.g. to try a chain at toy scale",
+    )
+    synthesize.add_argument(
         "--max-length-ratio",
         type=float,
         default=3.0,
@@ -816,8 +823,10 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     from .synthesize import synthesize
     from .translate import Translator
 
-    if args.chunk_lines < 1 or args.max_length_ratio < 1:
-        raise ConfigError("--chunk-lines must be positive and --max-length-ratio at least 1")
+    if args.chunk_lines < 1 or args.max_length_ratio < 1 or args.max_lines < 0:
+        raise ConfigError(
+            "--chunk-lines must be positive, --max-length-ratio at least 1 and --max-lines at least 0"
+        )
     translator = Translator.from_checkpoint(
         args.checkpoint,
         device=args.device,
@@ -844,6 +853,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             args.max_length_ratio,
             progress=True,
             exclude=tuple(args.exclude),
+            max_lines=args.max_lines,
         )
     except KeyboardInterrupt:
         print(

@@ -162,9 +162,9 @@ def evaluation_data(
 ) -> tuple[list[str], list[list[str]], Optional[str], str]:
     """What `transformer evaluate` scores: source lines, reference streams (one list of lines per reference file),
     the target language (of the split's direction; with --src/--ref the `tgt_lang` given, else the model's one
-    target language, None for a model of several), and where they came from. Either a split of the checkpoint's data section (with `--set
-    data.KEY=VALUE` overrides; of a multilingual model, the split of one of its `direction`s) or --src and --ref
-    files.
+    target language, None for a model of several), and where they came from. Either a split of the checkpoint's
+    data section (with `--set data.KEY=VALUE` overrides; of a multilingual model, the split of one of its
+    `direction`s) or --src and --ref files.
 
     Raises:
         ConfigError: both or neither given, overrides without a split, a multilingual model's split without one of

@@ -95,10 +95,13 @@ def check_output(output: Path) -> None:
 
 
 def unique_lines(
-    paths: list[str], counts: SynthesisCounts, exclude: Optional[set[str]] = None
+    paths: list[str],
+    counts: SynthesisCounts,
+    exclude: Optional[set[str]] = None,
+    max_lines: int = 0,
 ) -> list[str]:
     """The stripped lines of the files, in order, without empty lines, repeats and lines of `exclude` (counted in
-    `counts`).
+    `counts`); with `max_lines`, the first that many (the files read no further).
 
     Raises:
         DataError: a file cannot be read (missing, invalid UTF-8), naming it and the line.
@@ -121,6 +124,8 @@ def unique_lines(
                     else:
                         seen.add(line)
                         out.append(line)
+                        if len(out) == max_lines:
+                            return out
     return out
 
 
@@ -177,8 +182,11 @@ def synthesize(
     max_length_ratio: float = 3.0,
     progress: bool = True,
     exclude: tuple[str, ...] = (),
+    max_lines: int = 0,
 ) -> tuple[Path, SynthesisCounts]:
-    """Translate the unique lines of `inputs` into a filtered parallel corpus in `output` (module docstring).
+    """Translate the unique lines of `inputs` into a filtered parallel corpus in `output` (module docstring): checks
+    the output (`check_output`), reads the job (`read_job`), translates it (`translate_job`), writes the corpus
+    (`write_corpus`).
 
     Args:
         options: the search (`Translator.resolve_options`; one hypothesis per line).
@@ -186,6 +194,7 @@ def synthesize(
         input_lang: the language of the inputs (the model's source language).
         chunk_lines: lines translated between two saves of the progress.
         exclude: files whose lines are not translated (the parallel corpus's side in the inputs' language).
+        max_lines: translate only the first this many unique lines (0: all), e.g. to try a chain at toy scale.
 
     Returns:
         (the output folder, the counts).
@@ -197,11 +206,43 @@ def synthesize(
     """
     output = Path(output)
     check_output(output)
+    job = read_job(inputs, exclude, options, checkpoints, input_lang, max_lines)
+    translations, ends = translate_job(
+        translator, job, options, work_folder(output), chunk_lines, progress
+    )
+    counts = write_corpus(output, job, translations, ends, max_length_ratio, _describe(options))
+    shutil.rmtree(work_folder(output))
+    return output, counts
+
+
+@dataclass
+class SynthesisJob:
+    """What a job translates (step 1 of the module docstring): the unique lines, the counts of what was left out,
+    and the job's identity (`identity`: inputs, model, search, languages), which a stopped job's work folder must
+    match to go on."""
+
+    lines: list[str]
+    counts: SynthesisCounts
+    identity: dict[str, Any]
+
+
+def read_job(
+    inputs: list[str],
+    exclude: tuple[str, ...],
+    options: ResolvedOptions,
+    checkpoints: list[str],
+    input_lang: str,
+    max_lines: int = 0,
+) -> SynthesisJob:
+    """Step 1: the unique lines of `inputs` less those of `exclude`, and the job's identity.
+
+    Raises:
+        DataError: a file cannot be read, naming it and the line.
+    """
     counts = SynthesisCounts()
     excluded = set(unique_lines(list(exclude), SynthesisCounts()))
-    lines = unique_lines(inputs, counts, excluded)
-    output_lang = options.target.code
-    job = {
+    lines = unique_lines(inputs, counts, excluded, max_lines)
+    identity = {  # max_lines is in lines_sha256
         "inputs": [str(Path(p).resolve()) for p in inputs],
         "exclude": [str(Path(p).resolve()) for p in exclude],
         "lines_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
@@ -210,17 +251,35 @@ def synthesize(
         ],
         "search": dataclasses.asdict(options.decoding),
         "input_lang": input_lang,
-        "output_lang": output_lang,
+        "output_lang": options.target.code,
     }
-    work = work_folder(output)
-    translations, ends, done = _resume(work, job)
+    return SynthesisJob(lines, counts, identity)
+
+
+def translate_job(
+    translator: Translator,
+    job: SynthesisJob,
+    options: ResolvedOptions,
+    work: Path,
+    chunk_lines: int,
+    progress: bool,
+) -> tuple[list[str], list[bool]]:
+    """Step 2: the translations of the job's lines and whether each ended with eos, chunk by chunk, each chunk saved
+    in `work` before the next (a stopped job goes on after its last complete chunk).
+
+    Raises:
+        DataError: `work` holds another job's translations.
+        KeyboardInterrupt: interrupted; what was saved stays.
+    """
+    lines = job.lines
+    translations, ends, done = _resume(work, job.identity)
     search = _describe(options)
     logger.info(
         "synthesize: %d lines read, %d unique (%d empty, %d repeats dropped); %s; %d done before",
-        counts.read,
+        job.counts.read,
         len(lines),
-        counts.empty,
-        counts.duplicate,
+        job.counts.empty,
+        job.counts.duplicate,
         search,
         done,
     )
@@ -249,31 +308,45 @@ def synthesize(
                 f.flush()
             translations += texts
             ends += [hyps[0] for hyps in result.finished]
-            _save_progress(work, job, start + len(chunk))
+            _save_progress(work, job.identity, start + len(chunk))
             bar.update(len(chunk))
     warn_length_cap(sum(not ended for ended in ends), len(ends), options.decoding)
+    return translations, ends
+
+
+def write_corpus(
+    output: Path,
+    job: SynthesisJob,
+    translations: list[str],
+    ends: list[bool],
+    max_length_ratio: float,
+    search: str,
+) -> SynthesisCounts:
+    """Steps 3 and 4: filter the pairs (`filter_pairs`) and write the corpus folder with its origin.json, whole or
+    not at all (an earlier corpus in its place stays until this one is complete); the counts."""
+    counts = job.counts
     counts.translated = len(translations)
-    kept, counts.dropped = filter_pairs(lines, translations, ends, max_length_ratio)
+    kept, counts.dropped = filter_pairs(job.lines, translations, ends, max_length_ratio)
     counts.kept = len(kept)
     origin = {
-        **job,
+        **job.identity,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "search_name": search,
         "max_length_ratio": max_length_ratio,
         "counts": dataclasses.asdict(counts),
     }
+    sides = ((job.identity["input_lang"], job.lines), (job.identity["output_lang"], translations))
 
     def write(folder: Path) -> None:
-        for lang, side in ((input_lang, lines), (output_lang, translations)):
+        for lang, side in sides:
             with gzip.open(
                 folder / f"train.{lang}.gz", "wt", encoding="utf-8", compresslevel=6
             ) as f:
                 f.writelines(side[i] + "\n" for i in kept)
         (folder / "origin.json").write_text(json.dumps(origin, indent=2) + "\n", encoding="utf-8")
 
-    write_folder(output, write)  # an earlier result in its place stays until this one is whole
-    shutil.rmtree(work)
-    return output, counts
+    write_folder(output, write)
+    return counts
 
 
 cap_logger = logging.getLogger(warn_length_cap.__module__)

@@ -153,6 +153,8 @@ class SynthesisConfig:
     """Sample each translation from the model's distribution instead (Edunov et al. 2018); beam_size must be 1."""
     max_length_ratio: float = 3.0
     """Pairs where one side has more than this many times the other's words are dropped."""
+    max_lines: int = 0
+    """Translate only the first this many unique input lines (0: all), e.g. to try a chain at toy scale."""
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "made_by.model", "name at least one checkpoint or recipe")
@@ -165,6 +167,7 @@ class SynthesisConfig:
             "made_by.sampling",
             f"sampling draws one translation: beam_size must be 1, got {self.beam_size}",
         )
+        _require(self.max_lines >= 0, "made_by.max_lines", f"must be >= 0, got {self.max_lines}")
         _require(
             self.max_length_ratio >= 1,
             "made_by.max_length_ratio",
