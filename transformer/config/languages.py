@@ -407,7 +407,8 @@ def corpora_of(data: Any) -> tuple[Corpus, ...]:
 
 
 def language_pairs(data: Any) -> list[tuple[str, str]]:
-    """The (source, target) languages the run trains on, one per corpus."""
+    """The (source, target) languages the run trains on, each once (corpora of one direction, a parallel and a
+    synthetic one say, give one pair)."""
     return list(dict.fromkeys((corpus.src_lang, corpus.tgt_lang) for corpus in data.corpora))
 
 

@@ -1,18 +1,19 @@
-"""The directions of a multilingual run mixed into one epoch by temperature sampling (Arivazhagan et al. 2019,
-"Massively Multilingual Neural Machine Translation in the Wild", §4.2).
+"""The corpora of a run mixed into one epoch by temperature sampling (Arivazhagan et al. 2019, "Massively
+Multilingual Neural Machine Translation in the Wild", §4.2): a multilingual run's directions, and any run's parallel
+and synthetic corpora (back-translated or distilled text, `data.synthetic`).
 
-Direction d, with n_d training pairs, is drawn with probability p_d = n_d^(1/T) / sum_k n_k^(1/T)
-(`data.direction_temperature` T >= 1): T = 1 is proportional to the sizes (as if the corpora were concatenated),
-a larger T gives the small directions more, and T -> infinity is uniform.
+Corpus c, with n_c training pairs and weight w_c (`data.parallel_weight` for the parallel corpora, each synthetic
+corpus's `weight`), is drawn with probability p_c = w_c n_c^(1/T) / sum_k w_k n_k^(1/T)
+(`data.direction_temperature` T >= 1): T = 1 is proportional to the weighted sizes (as if the corpora were
+concatenated, each w_c times), a larger T gives the small corpora more, and T -> infinity weighs each by w_c only.
 
-An epoch holds as many pairs as all directions trained on together (N = sum n_d over the directions of weight
-w_d > 0), direction d's share N * p_d rounded to whole
-pairs (largest remainders), so that every epoch follows the temperature exactly rather than only on average. The
-share's pairs are drawn from the direction's own pairs without replacement, in a fresh random order every epoch:
-a direction sampled below its size sees a different subset each epoch, one sampled above it every pair once per
-whole pass and the rest drawn anew. All of it is fixed by the seed and the epoch number, so a resumed run sees the
-same epochs. The batches of an epoch (`batching.token_batches`) are then cut from the mixed pairs as from any
-corpus: a batch mixes directions.
+An epoch holds as many pairs as all corpora trained on together (N = sum n_c over the corpora of weight w_c > 0),
+corpus c's share N * p_c rounded to whole pairs (largest remainders), so that every epoch follows the weights
+exactly rather than only on average. The share's pairs are drawn from the corpus's own pairs without replacement,
+in a fresh random order every epoch: a corpus sampled below its size sees a different subset each epoch, one sampled
+above it every pair once per whole pass and the rest drawn anew. All of it is fixed by the seed and the epoch
+number, so a resumed run sees the same epochs. The batches of an epoch (`batching.token_batches`) are then cut from
+the mixed pairs as from any corpus: a batch mixes corpora.
 """
 
 from __future__ import annotations

@@ -160,7 +160,8 @@ class TranslationService:
         Returns:
             {"translations": one per sentence, "truncated": one bool per sentence (True: longer than the engine's
             max_source_len tokens, only its start was translated; logged), "beam_size", "elapsed_ms"}; with n_best
-            also "n_best" (per sentence, [{"text", "score"}, ...], best first); with alignment also "alignments"
+            also "n_best" (per sentence, [{"text", "score", "end"}, ...], best first; "end" is "eos", or "cut" for a
+            hypothesis stopped at the length cap); with alignment also "alignments"
             (per sentence, [source word, target word] pairs, of the part translated).
 
         A request whose caller is cancelled (its client went away) while it waits is not decoded; while its
