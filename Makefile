@@ -51,8 +51,10 @@ lint: install
 # INIT_FROM=CHECKPOINT starts the run from that model's weights and tokenizer (train --init-from: fine-tuning).
 RESUME ?=
 INIT_FROM ?=
+# RESUME=1 without CONFIG continues RUN_DIR with its own config.yaml (as its first command resolved it, --set included).
+TRAIN_CONFIG = $(if $(and $(RESUME),$(filter file,$(origin CONFIG))),,--config $(CONFIG))
 train: install
-	$(BIN)/transformer train --config $(CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,) \
+	$(BIN)/transformer train $(TRAIN_CONFIG) --run-dir $(RUN_DIR) $(SET_FLAGS) $(if $(RESUME),--resume,) \
 		$(if $(INIT_FROM),$(if $(RESUME),,--init-from $(INIT_FROM)),)
 	$(BIN)/transformer plot --run-dir $(RUN_DIR) --out $(RUN_DIR)/curves.png
 	$(MAKE) --no-print-directory evaluate

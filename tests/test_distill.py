@@ -65,6 +65,7 @@ def test_make_train_passes_init_from_to_a_new_run_only(resume):
     train += printed.split(train, 1)[1].splitlines()[1]  # the command's continuation line
     assert ("--resume" in train) is resume
     assert ("--init-from a/best.pt" in train) is not resume
+    assert ("--config" in train) is not resume  # a run resumes with its own config.yaml
 
 
 def test_a_parallel_weight_of_0_needs_a_synthetic_corpus(tmp_path, multi30k_subset):

@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = command("train", help="train a model from a YAML config")
     train.add_argument(
-        "--config", required=True, help="YAML recipe, e.g. configs/multi30k_de_en.yaml"
+        "--config",
+        help="YAML recipe, e.g. configs/multi30k_de_en.yaml (with --resume: by default the run's own config.yaml)",
     )
     train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
     train.add_argument(
@@ -507,6 +508,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .training.stop import NonFiniteLossError, TrainingInterrupted
     from .training.trainer import train
 
+    if not args.config:  # --resume of a run folder: its own config.yaml, whatever command started it
+        if not (args.resume and args.run_dir):
+            raise ConfigError(
+                "train: give --config RECIPE, or --resume --run-dir RUN to continue a run as it was started"
+            )
+        args.config = str(Path(args.run_dir) / "config.yaml")
+        if not Path(args.config).is_file():
+            raise ConfigError(f"--resume --run-dir {args.run_dir}: no config.yaml there (not a training run)")
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     config, source = run_config(args.config, args.set, run_dir, args.init_from, args.resume)
     finished = False

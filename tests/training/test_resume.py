@@ -481,3 +481,21 @@ def test_tokens_per_second_after_a_resume_counts_only_the_tokens_timed(monkeypat
     trainer._log_window(run, 2.0, state, bar, carried=(60, 70))  # 40 target + 50 source tokens in the 2 s timed
     assert records[-1]["tgt_tokens_per_s"] == 20.0 and records[-1]["src_tgt_tokens_per_s"] == 45.0
     assert records[-1]["loss"] == 2.0  # the loss still counts every token of the window
+
+
+def test_resume_of_a_run_folder_needs_neither_its_config_nor_its_settings(tmp_path, multi30k_subset, caplog):
+    """`transformer train --resume --run-dir R` reads R/config.yaml, as the first command resolved it (--set
+    included); a run folder without one is refused in one line."""
+    from tests.conftest import write_small_config
+    from transformer.cli import main
+
+    config = write_small_config(tmp_path, multi30k_subset)
+    run = tmp_path / "run"
+    sets = ["--set", "training.max_steps=4", "--set", "training.eval_every_steps=2", "--set", "training.warmup_steps=2"]
+    assert main(["train", "--config", str(config), "--run-dir", str(run), *sets]) == 0
+    caplog.clear()
+    caplog.set_level("INFO")
+    assert main(["train", "--resume", "--run-dir", str(run)]) == 0
+    assert any("the run has finished (4 of training.max_steps=4 updates)" in r.getMessage() for r in caplog.records)
+    assert main(["train", "--resume", "--run-dir", str(tmp_path)]) == 2
+    assert main(["train", "--run-dir", str(run)]) == 2  # without --resume a recipe is needed
