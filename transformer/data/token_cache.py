@@ -278,26 +278,43 @@ def file_lock(path: Path) -> Iterator[None]:
 def _explain_rebuild(
     root: Path, split: str, data: DataConfig, spec: dict[str, Any], folder: Path
 ) -> None:
-    """Log why no cache fits: for caches of the same split and languages, which parts of the spec differ."""
-    reasons = []
+    """Log why no cache fits, in one short line: of the caches of the same split and languages (the cache folder may
+    be shared by other checkouts), the closest one and what differs (values shortened: file names, digest starts)."""
+    closest: Optional[tuple[int, str, str]] = None
+    n_other = 0
     for meta_path in sorted(root.glob(f"{split}.{data.src_lang}-{data.tgt_lang}.*/meta.json")):
         try:
             other = json.loads(meta_path.read_text())["spec"]
         except (OSError, ValueError, KeyError):
             continue
-        diff = _spec_differences(other, spec)
+        diff = _spec_differences(other, spec, short=True)
         if diff:
-            reasons.append(f"{meta_path.parent.name} was built with {diff}")
-    if reasons:
+            n_other += 1
+            candidate = (diff.count(" (this run: "), meta_path.parent.name, diff)
+            closest = min(closest, candidate) if closest else candidate
+    if closest:
         logger.info(
-            "token cache: building %s; existing caches do not fit: %s", folder, "; ".join(reasons)
+            "token cache: building %s; no existing cache fits (%d of this split); the closest, %s, was built with %s",
+            folder.name,
+            n_other,
+            closest[1],
+            closest[2],
         )
     else:
         logger.info("token cache: building %s", folder)
 
 
-def _spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """'key=old value (this run: new value), ...' for every leaf that differs (nested keys dotted)."""
+def _short(value: Any) -> str:
+    """A spec value for a log line: a path as its file name, a long string as its start."""
+    if isinstance(value, str) and "/" in value:
+        value = Path(value).name
+    text = json.dumps(value)
+    return text if len(text) <= 24 else text[:13] + '..."'
+
+
+def _spec_differences(old: dict[str, Any], new: dict[str, Any], short: bool = False) -> str:
+    """'key=old value (this run: new value), ...' for every leaf that differs (nested keys dotted); `short`: the
+    values shortened (`_short`)."""
 
     def leaves(value: Any, prefix: str) -> dict[str, Any]:
         if isinstance(value, dict):
@@ -312,8 +329,9 @@ def _spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
         return out
 
     a, b = leaves(old, ""), leaves(new, "")
+    shown = _short if short else json.dumps
     return ", ".join(
-        f"{k}={json.dumps(a.get(k))} (this run: {json.dumps(b.get(k))})"
+        f"{k}={shown(a.get(k))} (this run: {shown(b.get(k))})"
         for k in sorted(set(a) | set(b))
         if a.get(k) != b.get(k)
     )
