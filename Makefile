@@ -99,11 +99,13 @@ distill-multilingual: install
 notebook: install
 	$(BIN)/jupyter lab notebooks/learn_the_transformer.ipynb $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-# Executes the notebook headless on the venv's kernel and saves it with its outputs, as committed; section 7 reads the
-# model the notebook finds (TRANSFORMER_NOTEBOOK_DE_EN=CHECKPOINT make notebook-run names one).
+# Executes the notebook headless on the venv's kernel into runs/notebooks/ (the tracked notebook is left as it is;
+# IN_PLACE=1 saves the outputs into it, as committed); section 7 reads the model the notebook finds
+# (TRANSFORMER_NOTEBOOK_DE_EN=CHECKPOINT make notebook-run names one).
+IN_PLACE ?=
 notebook-run: install
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=900 \
-		--ExecutePreprocessor.kernel_name=python3 notebooks/learn_the_transformer.ipynb
+	$(BIN)/jupyter nbconvert --to notebook --execute $(if $(IN_PLACE),--inplace,--output-dir runs/notebooks) \
+		--ExecutePreprocessor.timeout=900 --ExecutePreprocessor.kernel_name=python3 notebooks/learn_the_transformer.ipynb
 
 bench-decode: install
 	$(BIN)/python scripts/benchmark_decode.py --checkpoint $(RUN_DIR)/checkpoints/best.pt

@@ -121,3 +121,13 @@ def test_a_run_that_did_not_finish_is_never_taken_as_trained(trained_run, tmp_pa
     assert helpers["recipe_checkpoint"]("TRANSFORMER_NOTEBOOK_DE_EN", ["multi30k_de_en", "multi30k_de_en_bt"]) is None
     monkeypatch.setenv("TRANSFORMER_NOTEBOOK_DE_EN", str(stopped / "best.pt"))  # named: taken as given
     assert helpers["recipe_checkpoint"]("TRANSFORMER_NOTEBOOK_DE_EN", ["multi30k_de_en"]) == stopped / "best.pt"
+
+
+def test_make_notebook_run_leaves_the_tracked_notebook_as_it_is_unless_asked():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *extra: subprocess.run(["make", "-n", "notebook-run", *extra], cwd=root, capture_output=True,  # noqa: E731
+                                        text=True, check=True).stdout
+    assert "--output-dir runs/notebooks" in run() and "--inplace" not in run()
+    assert "--inplace" in run("IN_PLACE=1")
