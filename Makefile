@@ -5,7 +5,8 @@ VENV        ?= .venv
 BIN         := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 # Where pip also looks for torch: PyTorch's CPU-only builds (on Linux PyPI's torch is a CUDA build of several GB).
-# For a CUDA build: TORCH_INDEX=https://download.pytorch.org/whl/cu128, or TORCH_INDEX= for PyPI's.
+# For a CUDA build: TORCH_INDEX=https://download.pytorch.org/whl/cu128, or TORCH_INDEX= for PyPI's. Where the index
+# cannot be reached (no DNS for its host), `make install` says so once and uses the default index alone.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 CONFIG      ?= configs/multi30k_de_en.yaml
 RUN_DIR     ?= runs/$(basename $(notdir $(CONFIG)))
@@ -24,8 +25,12 @@ EVAL_SET_FLAGS := $(foreach s,$(DATA_SET),--set $(s))
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine.
-	$(BIN)/pip install -q --retries 1 --timeout 30 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),) "$(TORCH)"
+	# The pinned torch first, so that no dependency pulls a multi-GB CUDA build on a CPU machine. TORCH_INDEX is
+	# asked only when its host resolves (else one note, and pip's default index alone, without a retry per package).
+	idx="$(TORCH_INDEX)"; if [ -n "$$idx" ] && ! $(BIN)/python -c "import socket, sys, urllib.parse; \
+		socket.getaddrinfo(urllib.parse.urlparse(sys.argv[1]).hostname, 443)" "$$idx" 2>/dev/null; then \
+		echo "note: $$idx cannot be reached; torch from the default package index"; idx=; fi; \
+	$(BIN)/pip install -q --retries 1 --timeout 30 $${idx:+--extra-index-url $$idx} "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,viz,ct2,serve,hf,tensorboard,notebook]"
 	touch $@
 
