@@ -311,3 +311,19 @@ def test_an_output_synthesize_did_not_write_is_refused_before_any_work(trained_r
         "2 of 2 outputs reached the length"]  # once for the job, not once per chunk
     assert main([*common, *capped]) == 0  # an earlier corpus: replaced
     assert (corpus / "origin.json").read_text() != first
+
+
+def test_lines_longer_than_the_model_reads_are_counted_and_a_wrong_input_language_refused(trained_run, tmp_path,
+                                                                                         capsys):
+    from transformer.cli import main
+
+    mono = tmp_path / "mono.de"
+    mono.write_text("Ein Hund rennt.\n" + " ".join(["ein großer Hund und eine kleine Katze"] * 40) + "\n")
+    common = ["synthesize", "--checkpoint", str(trained_run / "checkpoints" / "best.pt"), "--input", str(mono),
+              "--output", str(tmp_path / "out"), "--max-len-a", "0", "--max-len-b", "4"]
+    assert main([*common, "--input-lang", "fr"]) == 2
+    assert "--input-lang fr: the model translates from de only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(common) == 0
+    assert "1 longer than the model reads, translated from their start" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "origin.json").read_text())["counts"]["truncated"] == 1

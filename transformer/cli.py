@@ -508,14 +508,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .training.stop import NonFiniteLossError, TrainingInterrupted
     from .training.trainer import train
 
-    if not args.config:  # --resume of a run folder: its own config.yaml, whatever command started it
+    if (
+        not args.config
+    ):  # --resume of a run folder: its own config.yaml, whatever command started it
         if not (args.resume and args.run_dir):
             raise ConfigError(
                 "train: give --config RECIPE, or --resume --run-dir RUN to continue a run as it was started"
             )
         args.config = str(Path(args.run_dir) / "config.yaml")
         if not Path(args.config).is_file():
-            raise ConfigError(f"--resume --run-dir {args.run_dir}: no config.yaml there (not a training run)")
+            raise ConfigError(
+                f"--resume --run-dir {args.run_dir}: no config.yaml there (not a training run)"
+            )
     run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
     config, source = run_config(args.config, args.set, run_dir, args.init_from, args.resume)
     finished = False
@@ -644,11 +648,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     raise ConfigError(
                         str(err), err.key, f"input line {index + err.sentence + 1}: {err.detail}"
                     ) from None
-                except ConfigError as err:  # a run of lines without a language of its own: name its line
+                except (
+                    ConfigError
+                ) as err:  # a run of lines without a language of its own: name its line
                     if not per_line or isinstance(err, OptionError):
                         raise
                     raise ConfigError(
-                        f"input line {index + 1}: {err}", err.key, f"input line {index + 1}: {err.detail}"
+                        f"input line {index + 1}: {err}",
+                        err.key,
+                        f"input line {index + 1}: {err.detail}",
                     ) from None
                 result = translator.run(request, scores=bool(args.n_best))
                 _warn_translation(translator, result, index)
@@ -845,6 +853,10 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     )
     options = translator.resolve_options(n_best=1, **_decoding_kwargs(args))
     sources = list(dict.fromkeys(src for src, _ in language_pairs(translator.config.data)))
+    if args.input_lang and args.input_lang not in sources:
+        raise ConfigError(
+            f"--input-lang {args.input_lang}: the model translates from {', '.join(sources)} only"
+        )
     if not args.input_lang and len(sources) != 1:
         raise ConfigError(
             f"--input-lang: the model translates from {', '.join(sources)}: give the inputs' language"
@@ -875,6 +887,11 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     print(
         f"wrote {out}: {counts.kept} pairs of {counts.read} lines read ({counts.empty} empty, "
         f"{counts.duplicate} repeats, {counts.excluded} in --exclude; dropped: {dropped})"
+        + (
+            f"; {counts.truncated} longer than the model reads, translated from their start"
+            if counts.truncated
+            else ""
+        )
     )
     return 0
 

@@ -72,6 +72,8 @@ class SynthesisCounts:
     excluded: int = 0
     """Lines found in the `exclude` files."""
     translated: int = 0
+    truncated: int = 0
+    """Lines longer than the model reads (`model.max_positions`): translated from their start."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Per reason of `filter_pairs`, the pairs dropped."""
     kept: int = 0
@@ -272,7 +274,7 @@ def translate_job(
         KeyboardInterrupt: interrupted; what was saved stays.
     """
     lines = job.lines
-    translations, ends, done = _resume(work, job.identity)
+    translations, ends, done, job.counts.truncated = _resume(work, job.identity)
     search = _describe(options)
     logger.info(
         "synthesize: %d lines read, %d unique (%d empty, %d repeats dropped); %s; %d done before",
@@ -308,9 +310,17 @@ def translate_job(
                 f.flush()
             translations += texts
             ends += [hyps[0] for hyps in result.finished]
-            _save_progress(work, job.identity, start + len(chunk))
+            job.counts.truncated += len(result.truncated)
+            _save_progress(work, job.identity, start + len(chunk), job.counts.truncated)
             bar.update(len(chunk))
     warn_length_cap(sum(not ended for ended in ends), len(ends), options.decoding)
+    if job.counts.truncated:
+        logger.warning(
+            "synthesize: %d lines longer than the model reads (model.max_positions=%d tokens) were translated from "
+            "their start (counted in origin.json)",
+            job.counts.truncated,
+            translator.engine.max_source_len,
+        )
     return translations, ends
 
 
@@ -377,9 +387,9 @@ def _describe(options: ResolvedOptions) -> str:
     return "greedy" if d.beam_size == 1 else f"beam {d.beam_size}"
 
 
-def _resume(work: Path, job: dict[str, Any]) -> tuple[list[str], list[bool], int]:
-    """The translations and finished flags a stopped job of `job` left in `work`, cut to its last complete chunk;
-    an empty start when there is none.
+def _resume(work: Path, job: dict[str, Any]) -> tuple[list[str], list[bool], int, int]:
+    """The translations and finished flags a stopped job of `job` left in `work`, cut to its last complete chunk,
+    the lines done and how many of them were cut at the model's length; an empty start when there is none.
 
     Raises:
         DataError: `work` holds another job's translations.
@@ -389,7 +399,7 @@ def _resume(work: Path, job: dict[str, Any]) -> tuple[list[str], list[bool], int
         work.mkdir(parents=True, exist_ok=True)
         for name in ("translations.txt", "finished.txt"):
             (work / name).write_text("", encoding="utf-8")
-        return [], [], 0
+        return [], [], 0, 0
     saved = json.loads(progress.read_text(encoding="utf-8"))
     if saved.get("job") != job:
         raise DataError(
@@ -413,9 +423,9 @@ def _resume(work: Path, job: dict[str, Any]) -> tuple[list[str], list[bool], int
         (work / name).write_text(
             "".join(r + "\n" for r in rows), encoding="utf-8"
         )  # a chunk past `done` dropped
-    return translations, ends, done
+    return translations, ends, done, int(saved.get("truncated", 0))
 
 
-def _save_progress(work: Path, job: dict[str, Any], done: int) -> None:
-    data = (json.dumps({"job": job, "done": done}) + "\n").encode()
+def _save_progress(work: Path, job: dict[str, Any], done: int, truncated: int) -> None:
+    data = (json.dumps({"job": job, "done": done, "truncated": truncated}) + "\n").encode()
     write_file(work / "progress.json", lambda f: f.write(data))
