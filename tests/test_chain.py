@@ -61,7 +61,7 @@ def test_back_translation_with_a_given_reverse_model_trains_none(in_tmp):
     given = in_tmp / "reverse.pt"
     recipe = in_tmp / "bt.yaml"
     recipe.write_text(yaml.safe_dump({"base": str(CONFIGS / "multi30k_de_en_bt.yaml"), "data": {"synthetic": [
-        {"path": "corpus", "made_by": {"model": [str(given)], "input": ["mono.en"]}}]}}))
+        {"path": "corpus", "tag": "<bt>", "made_by": {"model": [str(given)], "input": ["mono.en"]}}]}}))
     steps = plan(recipe)
     assert _steps(steps) == [("synthesize", "corpus"), ("train", "runs/bt"), ("evaluate", "runs/bt/scores.md")]
     with pytest.raises(ConfigError, match=r"needs .*reverse.pt, which does not exist"):
@@ -114,14 +114,14 @@ def test_a_path_made_two_ways_and_a_chain_that_needs_itself_are_refused(in_tmp):
     a, b = in_tmp / "a.yaml", in_tmp / "b.yaml"
     bt = str(CONFIGS / "multi30k_de_en_bt.yaml")
     a.write_text(yaml.safe_dump({"base": bt, "data": {"synthetic": [
-        {"path": "c1", "made_by": {"model": ["b.yaml"], "input": ["x"]}}]}}))
+        {"path": "c1", "tag": "", "made_by": {"model": ["b.yaml"], "input": ["x"]}}]}}))
     b.write_text(yaml.safe_dump({"base": bt, "data": {"synthetic": [
-        {"path": "c2", "made_by": {"model": ["a.yaml"], "input": ["x"]}}]}}))
+        {"path": "c2", "tag": "", "made_by": {"model": ["a.yaml"], "input": ["x"]}}]}}))
     with pytest.raises(ConfigError, match=r"a chain of recipes that needs itself: .*a.yaml -> .*b.yaml -> .*a.yaml"):
         plan(a)
     b.write_text(yaml.safe_dump({"base": bt, "data": {"synthetic": [
-        {"path": "c1", "made_by": {"model": ["m.pt"], "input": ["x"]}},
-        {"path": "c1", "name": "again", "made_by": {"model": ["m.pt"], "input": ["y"]}}]}}))
+        {"path": "c1", "tag": "", "made_by": {"model": ["m.pt"], "input": ["x"]}},
+        {"path": "c1", "name": "again", "tag": "", "made_by": {"model": ["m.pt"], "input": ["y"]}}]}}))
     with pytest.raises(ConfigError, match="c1 is also made by .*another way"):
         plan(b)
 
@@ -177,7 +177,7 @@ def _toy_tree(folder: Path, multi30k_subset: Path) -> Path:
     (folder / "mono.en").write_text("\n".join(english[3990:4290]) + "\n")  # 10 lines of the parallel text
     (folder / "configs" / "toy_de_en_bt.yaml").write_text(yaml.safe_dump({
         "base": "toy_de_en.yaml",
-        "data": {"synthetic": [{"path": "runs/synthetic/mono_en_de", "made_by": {
+        "data": {"synthetic": [{"path": "runs/synthetic/mono_en_de", "tag": "<bt>", "made_by": {
             "model": ["toy_en_de.yaml"], "input": ["mono.en"],
             "exclude": ["data/train.en.gz"]}}], "parallel_weight": 2.0}}))
     return folder

@@ -203,7 +203,7 @@ def test_a_cycle_of_bases_and_a_missing_base_are_refused_naming_the_files(tmp_pa
 
 def test_a_recipe_named_in_a_recipe_is_relative_to_the_file_that_names_it(tmp_path):
     _recipe(tmp_path, "sub/root.yaml", {**BASE, "data": {"path": "x", "synthetic": [
-        {"path": "c", "made_by": {"model": ["reverse.yaml", "/abs/m.pt"], "input": ["mono.txt"]}}]}})
+        {"path": "c", "tag": "", "made_by": {"model": ["reverse.yaml", "/abs/m.pt"], "input": ["mono.txt"]}}]}})
     top = _recipe(tmp_path, "top.yaml", {"base": "sub/root.yaml"})
     made = load_config(top).data.synthetic[0].made_by
     assert made.model == [str(tmp_path / "sub" / "reverse.yaml"), "/abs/m.pt"]
@@ -212,11 +212,11 @@ def test_a_recipe_named_in_a_recipe_is_relative_to_the_file_that_names_it(tmp_pa
 
 def test_made_by_is_checked_naming_the_entry(tmp_path):
     path = _recipe(tmp_path, "c.yaml", {**BASE, "data": {"path": "x", "synthetic": [
-        {"path": "c", "made_by": {"model": [], "input": ["mono.txt"]}}]}})
+        {"path": "c", "tag": "", "made_by": {"model": [], "input": ["mono.txt"]}}]}})
     with pytest.raises(ConfigError, match=r"data\.synthetic\[0\]\.made_by\.model: name at least one"):
         load_config(path)
     path = _recipe(tmp_path, "c.yaml", {**BASE, "data": {"path": "x", "synthetic": [
-        {"path": "c", "made_by": {"model": ["m.pt"], "input": ["t"], "sampling": True, "beam_size": 4}}]}})
+        {"path": "c", "tag": "", "made_by": {"model": ["m.pt"], "input": ["t"], "sampling": True, "beam_size": 4}}]}})
     with pytest.raises(ConfigError, match=r"made_by\.sampling: sampling draws one translation"):
         load_config(path)
 
@@ -225,3 +225,10 @@ def test_a_set_of_a_list_entry_says_what_set_reaches_and_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match=r"--set reaches section\.key only, not the entries of data\.synthetic: .*"
                                           r"base: FILE"):
         load_config(_write(tmp_path, BASE), ["data.synthetic.0.tag="])
+
+
+def test_a_synthetic_corpus_must_say_whether_its_sources_are_tagged(tmp_path):
+    path = _recipe(tmp_path, "c.yaml", {**BASE, "data": {"path": "x", "synthetic": [{"path": "c"}]}})
+    with pytest.raises(ConfigError, match=r'data\.synthetic\[0\]\.tag: required: "<bt>" to mark back-translated '
+                                          r'sources .*"" for none'):
+        load_config(path)

@@ -227,9 +227,10 @@ def yaml_config(run_dir: Path) -> dict:
 
 
 @pytest.mark.parametrize("entry, key", [
-    ({"path": "x", "weight": 0}, "data.synthetic[0].weight"),
+    ({"path": "x", "tag": "<bt>", "weight": 0}, "data.synthetic[0].weight"),
     ({"path": "x", "tag": ">>eng<<"}, "data.synthetic[0].tag"),
-    ({"path": "x", "direction": "fr-en"}, "data.synthetic[0].direction"),
+    ({"path": "x", "tag": "<bt>", "direction": "fr-en"}, "data.synthetic[0].direction"),
+    ({"path": "x"}, "data.synthetic[0].tag"),
     ({"tag": "<bt>"}, "data.synthetic[0].path"),
 ])
 def test_a_bad_synthetic_entry_names_its_key(tmp_path, multi30k_subset, entry, key):
@@ -271,7 +272,7 @@ def test_the_toy_chain_reverse_model_then_synthesis_then_training(trained_run, m
             (tmp_path / "bt_whole" / f"train.{lang}.gz").read_bytes())
     origin = json.loads((out / "origin.json").read_text())
     assert origin["input_lang"] == "de" and origin["output_lang"] == "en" and origin["counts"]["kept"] > 0
-    data = {**TINY["data"], "src_lang": "en", "tgt_lang": "de", "synthetic": [{"path": str(out)}]}
+    data = {**TINY["data"], "src_lang": "en", "tgt_lang": "de", "synthetic": [{"path": str(out), "tag": "<bt>"}]}
     config = write_small_config(tmp_path, multi30k_subset, **{**TINY, "data": data})
     run = tmp_path / "en_de_bt"
     assert main(["train", "--config", str(config), "--run-dir", str(run)]) == 0
@@ -306,11 +307,11 @@ def test_an_output_synthesize_did_not_write_is_refused_before_any_work(trained_r
     corpus = tmp_path / "corpus"
     capped = [str(corpus), "--max-len-b", "3", "--max-len-a", "0", "--chunk-lines", "1"]
     assert main([*common, *capped]) == 0
-    first = (corpus / "origin.json").read_text()
     assert [r.getMessage()[:33] for r in caplog.records if "length cap" in r.getMessage()] == [
         "2 of 2 outputs reached the length"]  # once for the job, not once per chunk
-    assert main([*common, *capped]) == 0  # an earlier corpus: replaced
-    assert (corpus / "origin.json").read_text() != first
+    (corpus / "stale").write_text("")
+    assert main([*common, *capped]) == 0  # an earlier corpus: replaced whole
+    assert (corpus / "origin.json").is_file() and not (corpus / "stale").exists()
 
 
 def test_lines_longer_than_the_model_reads_are_counted_and_a_wrong_input_language_refused(trained_run, tmp_path,

@@ -79,7 +79,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         kwargs = _section_kwargs(tp, value, key)
         for f in dataclasses.fields(tp):
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            _require(not required or f.name in kwargs, f"{key}.{f.name}", "required")
+            _require(
+                not required or f.name in kwargs,
+                f"{key}.{f.name}",
+                f.metadata.get("required", "required"),
+            )
         try:
             return tp(**kwargs)
         except (

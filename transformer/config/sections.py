@@ -183,11 +183,17 @@ class SyntheticCorpusConfig:
     path: str
     """Folder with `{train_split}.{src_lang}.gz` and `.{tgt_lang}.gz` (as `transformer synthesize` writes it, with
     its origin.json); training pairs only."""
+    tag: str = field(
+        metadata={
+            "required": 'required: "<bt>" to mark back-translated sources (Caswell et al. 2019), "" for none (a '
+            "teacher's translations, which are real sources)"
+        }
+    )
+    """A reserved piece put first on each of its sources (after a language token), so that the model can tell
+    synthetic sources from real ones; "" for none. Translation never puts it. Required: no choice fits every
+    corpus."""
     name: str = "bt"
     """Names its subword samples and its lines in the logs (unique among the run's corpora)."""
-    tag: str = "<bt>"
-    """A reserved piece put first on each of its sources (after a language token), so that the model can tell
-    synthetic sources from real ones; "" for none. Translation never puts it."""
     weight: float = 1.0
     """Its share of an epoch: weight x its pairs, over the same for every corpus of the run (`data/mixing.py`)."""
     direction: str = ""
