@@ -245,6 +245,7 @@ def test_train_cli_with_subword_sampling_logs_the_samples(tmp_path, multi30k_sub
     assert result.returncode == 0, result.stderr[-2000:]
     assert "subword sampling (data.subword_sampling): BPE-dropout, alpha 0.1" in result.stderr
     assert "epoch 1: subword sample of" in result.stderr
+    assert "the first log line comes at update 25 (training.log_every_steps=25)" in result.stderr  # redirected
     assert not list((tmp_path / "run" / SAMPLES_FOLDER).glob(".*.tmp"))
 
 

@@ -292,6 +292,13 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         # A progress bar on a terminal; redirected to a file, a plain log line per log interval instead (a bar
         # would write thousands of carriage returns into one line).
         on_terminal = sys.stderr.isatty()
+        if not on_terminal and dist.is_main:
+            first = (state.step // config.training.log_every_steps + 1) * config.training.log_every_steps
+            logger.info(
+                "training: the first log line comes at update %d (training.log_every_steps=%d)",
+                min(first, config.training.max_steps),
+                config.training.log_every_steps,
+            )
         with (
             StopRequest() as stop,
             tqdm(
