@@ -190,6 +190,18 @@ def _chain(folder: Path, *args: str, wait: bool = True):
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=600)
 
 
+def _running(run_dir: str) -> bool:
+    """Whether a process training into `run_dir` runs (Linux: read from /proc)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in command and run_dir.encode() in command:
+            return True
+    return False
+
+
 def _outputs(folder: Path) -> dict[str, bytes]:
     """The chain's results that must not depend on interruptions: each model's weights, the corpus, the scores."""
     out = {}
@@ -226,8 +238,7 @@ def test_a_toy_chain_runs_end_to_end_and_a_killed_one_goes_on_to_the_same_output
         time.sleep(0.05)
     os.kill(chain.pid, signal.SIGKILL)  # the chain dies at once; its training child is stopped with it
     chain.wait()
-    child = ["pgrep", "-f", "--run-dir runs/toy_en_de"]
-    while subprocess.run(child, capture_output=True).returncode == 0 and time.time() < deadline:
+    while _running("runs/toy_en_de") and time.time() < deadline:
         time.sleep(0.2)  # the child saves its last.pt and stops
     again = _chain(killed)
     assert again.returncode == 0, again.stdout + again.stderr

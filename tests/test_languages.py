@@ -50,6 +50,9 @@ def test_another_languages_token_is_refused_naming_it_and_one_later_in_a_sentenc
         without_written_token(["A cat.", ">>deu<< A dog."], "fr")
     assert err.value.sentence == 1
     assert without_written_token(["A >>deu<< dog."], "fr") == ["A >>deu<< dog."]
+    assert "given by tgt_lang" in str(err.value)
+    with pytest.raises(WrittenLanguageError, match=r"fr \('>>deu<< A dog.'\): the model translates into fr only$"):
+        without_written_token([">>deu<< A dog."], "fr", only=True)  # a bilingual model: no tgt_lang was chosen
 
 
 def test_the_written_language_is_the_one_every_sentence_names():

@@ -146,7 +146,8 @@ def make_request(
     if prefixes is not None and len(prefixes) != len(sentences):
         raise OptionError(f"prefixes: one per sentence ({len(sentences)}), got {len(prefixes)}")
     prefix_ids = target_prefix_ids(tokenizer, config, prefixes)
-    sentences = without_written_token(sentences, options.target.code)
+    only = len(target_languages(config.data)) == 1
+    sentences = without_written_token(sentences, options.target.code, only)
     ids = tokenizer.src_ids([s.strip() for s in sentences])
     return TranslationRequest(list(sentences), ids, options, prefixes, prefix_ids)
 

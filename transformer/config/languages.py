@@ -127,10 +127,13 @@ class WrittenLanguageError(ConfigError):
         self.sentence = sentence
 
 
-def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
+def without_written_token(sentences: list[str], tgt_lang: str, only: bool = False) -> list[str]:
     """The sentences without a target-language token written at their start when it names `tgt_lang`, in any
     spelling `find_language` takes (`>>fra<< text`, `>>fr<< text`, `>>FRA<< text` -> `text` for fr; whitespace
     around it dropped); others unchanged. Only the very start of a sentence is read: `>>fra<<` later in it is text.
+
+    Args:
+        only: `tgt_lang` is the model's only target language (it was not chosen, so the message says so).
 
     Raises:
         WrittenLanguageError: a sentence starts with another language's token.
@@ -139,10 +142,15 @@ def without_written_token(sentences: list[str], tgt_lang: str) -> list[str]:
     for i, sentence in enumerate(sentences):
         token, code, end = _written_token(sentence, [tgt_lang])
         if token and code is None:
+            why = (
+                f"the model translates into {tgt_lang} only"
+                if only
+                else "the language is given by tgt_lang, and a token written at the start of a sentence "
+                "must name the same one"
+            )
             raise WrittenLanguageError(
                 f"a sentence starts with {token} but the target language is "
-                f"{tgt_lang} ({sentence[:40].strip()!r}): the language is given by tgt_lang, "
-                f"and a token written at the start of a sentence must name the same one",
+                f"{tgt_lang} ({sentence[:40].strip()!r}): {why}",
                 i,
             )
         out.append(sentence[end:])
