@@ -293,7 +293,9 @@ def _train(config: Config, run_dir: Path, resume: bool, init: Optional[InitSourc
         # would write thousands of carriage returns into one line).
         on_terminal = sys.stderr.isatty()
         if not on_terminal and dist.is_main:
-            first = (state.step // config.training.log_every_steps + 1) * config.training.log_every_steps
+            first = (
+                state.step // config.training.log_every_steps + 1
+            ) * config.training.log_every_steps
             logger.info(
                 "training: the first log line comes at update %d (training.log_every_steps=%d)",
                 min(first, config.training.max_steps),

@@ -46,7 +46,9 @@ def validate(
     n_tokens = 0
     loss_module = LossComputation(model, config.training.label_smoothing)
     pairs = valid.pairs
-    longest = config.model.max_positions  # a longer pair: left out of the loss, its source cut for BLEU
+    longest = (
+        config.model.max_positions
+    )  # a longer pair: left out of the loss, its source cut for BLEU
     fits = (pairs.src_lengths <= longest) & (pairs.tgt_lengths <= longest)
     if not fits.all():
         logger.warning(
