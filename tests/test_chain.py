@@ -137,7 +137,8 @@ def test_each_kind_of_step_is_missing_stopped_or_finished_by_its_output(in_tmp):
     Path("runs/synthetic/.task2_en_fr.work/progress.json").write_text("{}")
     Path("runs/multi30k_en_fr_reverse/eval_test_best_greedy.json").write_text("{}")
     assert (reverse.state(), corpus.state(), scores.state()) == (STOPPED, STOPPED, STOPPED)
-    assert "[stopped: goes on] train runs/multi30k_en_fr_reverse" in describe(list(steps.values()))
+    assert "[stopped: goes on from update 250 of 3000] train runs/multi30k_en_fr_reverse" in describe(
+        list(steps.values()))
     _fake_run(Path("runs/multi30k_en_fr_reverse"), CONFIGS / "multi30k_en_fr_reverse.yaml", 3000)
     Path("runs/synthetic/task2_en_fr").mkdir()
     Path("runs/synthetic/task2_en_fr/origin.json").write_text('{"model": [{"path": "/elsewhere/best.pt"}]}')
@@ -242,7 +243,7 @@ def test_a_toy_chain_runs_end_to_end_and_a_killed_one_goes_on_to_the_same_output
         time.sleep(0.2)  # the child saves its last.pt and stops
     again = _chain(killed)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "[stopped: goes on] train runs/toy_en_de" in again.stdout
+    assert "[stopped: goes on from update " in again.stdout.split("train runs/toy_en_de")[0]
     assert "--resume" in again.stdout.split("chain: train runs/toy_en_de")[1].splitlines()[0]
     assert _outputs(killed) == _outputs(whole)
 

@@ -259,6 +259,11 @@ def describe(steps: list[Step]) -> str:
             STOPPED: "stopped: goes on",
             FINISHED: "done",
         }[state]
+        if step.kind == "train" and state == STOPPED:
+            from .training.checkpoint import run_progress
+
+            done, total, _ = run_progress(step.output)
+            what += f" from update {done} of {total}"
         lines.append(f"{i:2d}. [{what}] {step.kind} {step.output}  ({step.recipe.name})")
         if step.note:
             lines.append(f"      note: {step.note}")
