@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -264,6 +265,8 @@ def test_the_toy_chain_reverse_model_then_synthesis_then_training(trained_run, m
     assert 0 < json.loads(progress.read_text())["done"] < 1200
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
+    assert re.search(r"^synthesize: (\d+) of \1 lines \(100%\), \d+ sentences/s", finished.stderr, re.M)  # redirected
+    assert "\r" not in finished.stderr  # a line per chunk, no progress bar redraws
     uninterrupted = subprocess.run([*command[:-5], str(tmp_path / "bt_whole"), *command[-4:]], cwd=ROOT,
                                    capture_output=True, text=True, timeout=300)
     assert uninterrupted.returncode == 0, uninterrupted.stderr

@@ -93,7 +93,13 @@ def translate_test_set(
     """
     hyps: list[str] = []
     truncated: list[int] = []
-    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+    with tqdm(  # on a terminal only: redirected, a bar's redraws are noise
+        total=len(src),
+        unit="line",
+        file=sys.stderr,
+        desc="evaluate",
+        disable=not sys.stderr.isatty(),
+    ) as bar:
         for start in range(0, len(src), EVALUATE_CHUNK):
             result = translator.run(
                 translator.request(src[start : start + EVALUATE_CHUNK], options), scores=False

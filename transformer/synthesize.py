@@ -294,9 +294,10 @@ def translate_job(
             unit="sent",
             desc=f"synthesize ({search})",
             file=sys.stderr,
-            disable=not progress,
+            disable=not progress or not sys.stderr.isatty(),
         ) as bar,
     ):
+        began = time.monotonic()
         for start in range(done, len(lines), chunk_lines):
             chunk = lines[start : start + chunk_lines]
             with _quiet(cap_logger):  # said once for the whole job below, not once per chunk
@@ -313,6 +314,10 @@ def translate_job(
             job.counts.truncated += len(result.truncated)
             _save_progress(work, job.identity, start + len(chunk), job.counts.truncated)
             bar.update(len(chunk))
+            if (
+                progress and bar.disable
+            ):  # redirected: a plain line per chunk instead of a bar's redraws
+                _progress_line(start + len(chunk) - done, start + len(chunk), len(lines), began)
     warn_length_cap(sum(not ended for ended in ends), len(ends), options.decoding)
     if job.counts.truncated:
         logger.warning(
@@ -357,6 +362,18 @@ def write_corpus(
 
     write_folder(output, write)
     return counts
+
+
+def _progress_line(translated: int, done: int, total: int, began: float) -> None:
+    """One line on stderr: lines done, their rate in this process and the time left at that rate."""
+    rate = translated / max(time.monotonic() - began, 1e-9)
+    left = (total - done) / rate if rate else 0.0
+    print(
+        f"synthesize: {done} of {total} lines ({done / total:.0%}), {rate:.0f} sentences/s, "
+        f"{left / 60:.1f} min left",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 cap_logger = logging.getLogger(warn_length_cap.__module__)
