@@ -294,17 +294,37 @@ def test_a_multi_target_marian_folder_gives_its_languages_to_tgt_lang(tmp_path, 
 
 
 def test_a_multi_target_folder_with_two_letter_tokens_names_the_same_languages(tmp_path):
-    """Older OPUS-MT vocabularies name their targets `>>de<<`, `>>fr<<`: the import reads them as de and fr (not a
-    bilingual model), and each translates as `transformers` does with that token written first."""
-    folder = write_marian(tmp_path / "two", seed=4, languages=("fr", "de"))
+    """Older OPUS-MT vocabularies name their targets `>>de<<`, `>>fr<<` (opus-mt-en-ROMANCE): the import reads them
+    as de and fr (not a bilingual model) and keeps the model's own tokens: for every language, however --tgt-lang or
+    a written token names it, our source pieces are `MarianTokenizer`'s for `>>de<< text`, greedy output equals
+    `generate`'s, and the export writes the same tokens back."""
+    from transformer.request import make_request
+
+    folder = write_marian(tmp_path / "two", seed=4, languages=("fr", "de", "cmn_Hans"))
     translator = Translator.from_checkpoint(folder)
-    assert translator.languages == ["fr", "de"]
+    assert translator.languages == ["fr", "de", "cmn_Hans"]
+    assert translator.config.data.language_tokens == {"fr": ">>fr<<", "de": ">>de<<"}  # >>cmn_Hans<< is ours
+    marian = transformers.MarianTokenizer.from_pretrained(folder)
     lines = sentences(12, seed=6)
     options = dict(beam_size=1, max_len_a=0.0, max_len_b=12, length_penalty=0.0)
-    for lang in ("fr", "de"):
+    for lang, token in (("fr", ">>fr<<"), ("de", ">>de<<"), ("cmn_Hans", ">>cmn_Hans<<")):
+        for named in {lang, token[2:-2], {"fr": "fra", "de": "deu"}.get(lang, lang)}:  # de, deu: one language
+            resolved = translator.resolve_options(tgt_lang=named)
+            request = make_request(translator.tokenizer, translator.config, lines[:3], resolved)
+            for line, ids in zip(lines[:3], request.ids):
+                ours = [translator.tokenizer.id_to_piece(i, "src") for i in [*resolved.source_prefix, *ids]]
+                assert ours + ["</s>"] == marian.tokenize(f"{token} {line}") + ["</s>"], (named, line)
         ours = translator.translate(lines, tgt_lang=lang, **options)
-        assert ours == _generate(folder, [f">>{lang}<< {line}" for line in lines], 1, 12), lang
-        assert translator.translate([f">>{lang}<< {line}" for line in lines], **options) == ours  # written alone
+        assert ours == _generate(folder, [f"{token} {line}" for line in lines], 1, 12), lang
+        assert translator.translate([f"{token} {line}" for line in lines], **options) == ours  # written alone
+        assert translator.translate([f">>{lang}<< {line}" for line in lines], **options) == ours
+    export_huggingface(folder, tmp_path / "back")
+    vocab = json.loads((tmp_path / "back" / "vocab.json").read_text())
+    assert {">>fr<<", ">>de<<", ">>cmn_Hans<<"} <= set(vocab) and not {">>fra<<", ">>deu<<"} & set(vocab)
+    again = Translator.from_checkpoint(tmp_path / "back")
+    assert again.translate(lines, tgt_lang="de", **options) == translator.translate(lines, tgt_lang="de", **options)
+    assert _generate(tmp_path / "back", [f">>de<< {line}" for line in lines], 1, 12) == \
+        translator.translate(lines, tgt_lang="de", **options)
 
 
 def test_the_marian_tokenizer_loads_without_asking_for_sacremoses(marian_dir):
@@ -317,3 +337,40 @@ def test_the_marian_tokenizer_loads_without_asking_for_sacremoses(marian_dir):
         warnings.simplefilter("always")
         MarianTokenizer.from_pretrained(marian_dir)
     assert not [w for w in caught if "sacremoses" in str(w.message)]
+
+
+def test_a_written_token_is_read_once_per_sentence_by_the_cli_and_the_server(tmp_path, monkeypatch, capsys):
+    """Lines that name their own language (`>>de<< text`) are read once each where a call enters, then chosen,
+    checked and taken out from what was read (`request.read_sentences`); the translations are those of --tgt-lang."""
+    import asyncio
+
+    from transformer import request as request_module
+    from transformer.serve.service import ServeLimits, TranslationService
+
+    folder = write_marian(tmp_path / "two", seed=4, languages=("fr", "de"))
+    lines = [f">>de<< {s}" for s in sentences(3, seed=8)] + [f">>fra<< {s}" for s in sentences(2, seed=9)]
+    reads = []
+    real = request_module.read_written
+    monkeypatch.setattr(request_module, "read_written", lambda s: reads.append(s) or real(s))
+    flags = ["--checkpoint", str(folder), "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "12"]
+    assert main(["translate", *flags, *lines]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(reads) == sorted(lines)  # each line once
+    reads.clear()
+    translator = Translator.from_checkpoint(folder)
+    options = dict(beam_size=1, max_len_a=0.0, max_len_b=12)
+    plain = [line.split(" ", 1)[1] for line in lines]
+    assert out == translator.translate(plain[:3], tgt_lang="de", **options) + \
+        translator.translate(plain[3:], tgt_lang="fr", **options)
+    reads.clear()
+    service = TranslationService(translator, limits=ServeLimits())
+
+    async def call():
+        service.start()
+        try:
+            return await service.translate(lines[:3], options, None)
+        finally:
+            await service.stop()
+
+    assert asyncio.run(call())["translations"] == out[:3]
+    assert sorted(reads) == sorted(lines[:3])

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 from .config import BOS_ID, OptionError
-from .request import ResolvedOptions, TranslationRequest
+from .request import ResolvedOptions, TranslationRequest, WrittenSentence, read_sentences
 from .translate import Translator, source_within
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ ATTENTION_SEARCH = {"beam_size": 1}
 
 
 def attention_options(
-    translator: Translator, options: Optional[dict[str, Any]] = None, sentence: Optional[str] = None
+    translator: Translator,
+    options: Optional[dict[str, Any]] = None,
+    sentence: Optional[str | WrittenSentence] = None,
 ) -> ResolvedOptions:
     """The decoding of the translation whose attention is shown: the given options (`DecodingConfig` fields; None
     values unset) over greedy search (beam_size 1) and the config's other defaults; one hypothesis. Without a
@@ -94,10 +96,9 @@ def attention_for(
         AttentionPlotError: the translator's engine has no attention to read (CTranslate2).
         WrittenLanguageError (a ConfigError): the sentence starts with another language's token than tgt_lang.
     """
-    return request_attention(
-        translator,
-        translator.request([sentence], options or attention_options(translator, sentence=sentence)),
-    )
+    read = read_sentences([sentence])  # a written >>fra<< read once
+    options = options or attention_options(translator, sentence=read[0])
+    return request_attention(translator, translator.request(read, options))
 
 
 def request_attention(translator: Translator, request: TranslationRequest) -> dict:

@@ -1,7 +1,8 @@
 """The `transformer` command: train, prepare, chain, average, translate, evaluate, synthesize, export, attention, plot,
 serve.
 
-Each subcommand parses its arguments and calls one function. User mistakes (bad config, data, checkpoint, device,
+Each subcommand is one entry of `COMMANDS`: its help, the function that declares its flags (placed just above the
+`cmd_*` function that reads them) and that function. User mistakes (bad config, data, checkpoint, device,
 decoding option or plot option: the exceptions in `USER_ERRORS`) print one line on stderr and exit with status 2;
 anything else is a bug and keeps its traceback. Ctrl-C prints one line and exits with status 130.
 """
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -113,361 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, parents=[verbose])
 
-    train = command("train", help="train a model from a YAML config")
-    train.add_argument(
-        "--config",
-        help="YAML recipe, e.g. configs/multi30k_de_en.yaml (with --resume: by default the run's own config.yaml)",
-    )
-    train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value, e.g. --set training.max_steps=200 (repeatable)",
-    )
-    train.add_argument(
-        "--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt"
-    )
-    train.add_argument(
-        "--init-from",
-        metavar="SOURCE",
-        help="fine-tune: start from the weights and tokenizer of "
-        "this checkpoint (.pt) or MarianMT folder; the model's keys come from it",
-    )
-
-    prepare = command(
-        "prepare", help="build the tokenizer and the training token cache ahead of training"
-    )
-    prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
-    prepare.add_argument(
-        "--run-dir", help="run folder for the tokenizer (default: runs/<config name>)"
-    )
-    prepare.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="as for train"
-    )
-
-    average = command("average", help="average the parameters of several checkpoints (§6.1)")
-    inputs = average.add_mutually_exclusive_group(required=True)
-    inputs.add_argument(
-        "--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average"
-    )
-    inputs.add_argument(
-        "--run-dir",
-        help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run",
-    )
-    average.add_argument(
-        "--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)"
-    )
-    average.add_argument(
-        "--output", required=True, help="the averaged checkpoint (.pt; replaces an earlier average)"
-    )
-
-    translate = command("translate", help="translate sentences (arguments, --input FILE, or stdin)")
-    translate.add_argument(
-        "--checkpoint",
-        required=True,
-        action="append",
-        help="a .pt checkpoint (e.g. "
-        "RUN/checkpoints/best.pt), a folder written by `transformer export` (decoded with "
-        "CTranslate2) or a MarianMT folder; repeated (--checkpoint A --checkpoint B): an ensemble",
-    )
-    translate.add_argument(
-        "sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin"
-    )
-    translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
-    translate.add_argument("--output", help="write translations here (default: stdout)")
-    translate.add_argument(
-        "--alignment",
-        action="store_true",
-        help="after each translation a TAB and its word "
-        "alignment: Pharaoh i-j pairs (source word i, target word j), from the last layer",
-    )
-    translate.add_argument(
-        "--prefix-file",
-        help="one target prefix per input line (empty: none); each translation "
-        "starts with its prefix, then goes on freely",
-    )
-    translate.add_argument(
-        "--buffer-size",
-        type=int,
-        default=1000,
-        help="lines read, decoded (sorted by length) "
-        "and written at a time (default 1000); typed input is translated line by line",
-    )
-    _add_decoding_flags(translate)
-    _add_engine_flags(translate)
-
-    synthesize = command(
-        "synthesize",
-        help="translate monolingual text into a parallel corpus for training (back-translation): deduplicated, "
-        "filtered, resumable",
-    )
-    synthesize.add_argument(
-        "--checkpoint",
-        required=True,
-        action="append",
-        help="the model that translates, as translate's",
-    )
-    synthesize.add_argument(
-        "--input",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="monolingual text files (plain or .gz)",
-    )
-    synthesize.add_argument(
-        "--output",
-        required=True,
-        help="the corpus folder to write: train.LANG.gz of the input and of the output language, and "
-        "origin.json; the same command again after an interruption goes on where it stopped",
-    )
-    synthesize.add_argument(
-        "--input-lang",
-        help="the language of the input files (default: the model's source language)",
-    )
-    synthesize.add_argument(
-        "--exclude",
-        nargs="+",
-        default=[],
-        metavar="FILE",
-        help="files whose lines are not translated (e.g. the parallel training text in the inputs' language)",
-    )
-    synthesize.add_argument(
-        "--chunk-lines",
-        type=int,
-        default=2000,
-        help="lines translated between saves of the progress (2000)",
-    )
-    synthesize.add_argument(
-        "--max-lines",
-        type=int,
-        default=0,
-        metavar="N",
-        help="translate only the first N unique lines (default 0: all), e.g. to try a chain at toy scale",
-    )
-    synthesize.add_argument(
-        "--max-length-ratio",
-        type=float,
-        default=3.0,
-        help="drop pairs where one side has more than this times the other's words (default 3)",
-    )
-    _add_decoding_flags(synthesize, exclude=("n_best",))
-    _add_engine_flags(synthesize)
-
-    chain = command(
-        "chain",
-        help="make a recipe's model and everything it needs (reverse models, teachers, synthetic corpora), then "
-        "evaluate: plans, skips what is done, resumes what stopped",
-    )
-    chain.add_argument(
-        "--config", required=True, help="the recipe to make, e.g. configs/multi30k_fr_en_bt.yaml"
-    )
-    chain.add_argument(
-        "--plan", action="store_true", help="print the steps and what is done, and stop"
-    )
-    chain.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value of every recipe the chain trains (repeatable), e.g. --set data.path=DIR",
-    )
-    chain.add_argument(
-        "--average-last",
-        type=int,
-        default=5,
-        metavar="N",
-        help="step checkpoints each evaluation averages (default 5)",
-    )
-
-    evaluate = command(
-        "evaluate", help="translate a test set and score BLEU and chrF with sacrebleu"
-    )
-    evaluate.add_argument("--checkpoint", action="append", help="as translate's")
-    evaluate.add_argument(
-        "--run-dir",
-        help="instead of --checkpoint: score a whole run: best.pt and the average of its last step checkpoints, "
-        "greedy and beam, each direction, into RUN_DIR/eval_test_*.json and RUN_DIR/scores.md (run_scores.py)",
-    )
-    evaluate.add_argument(
-        "--average-last",
-        type=int,
-        default=5,
-        metavar="N",
-        help="with --run-dir: the step checkpoints averaged (default 5; 0: best.pt only)",
-    )
-    evaluate.add_argument(
-        "--zero-shot",
-        nargs="*",
-        default=[],
-        metavar="SRC-TGT",
-        help="with --run-dir of a multilingual run: pairs it never trained, scored directly and through English",
-    )
-    evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
-    evaluate.add_argument(
-        "--ref",
-        nargs="+",
-        metavar="REF",
-        help="reference file(s), aligned with --src; several are scored as sacrebleu scores them",
-    )
-    evaluate.add_argument(
-        "--split",
-        help="a split of the checkpoint's data section instead of --src/--ref: "
-        "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is",
-    )
-    evaluate.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="data.KEY=VALUE",
-        help="override the checkpoint's data section for --split, e.g. --set data.path=DIR",
-    )
-    evaluate.add_argument(
-        "--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model"
-    )
-    evaluate.add_argument(
-        "--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)"
-    )
-    evaluate.add_argument(
-        "--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)"
-    )
-    _add_decoding_flags(
-        evaluate, exclude=("n_best",)
-    )  # BLEU scores the 1-best; n-best lists come from translate
-    _add_engine_flags(evaluate)
-
-    export = command(
-        "export",
-        help="convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)",
-    )
-    export.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a MarianMT folder",
-    )
-    export.add_argument(
-        "--format",
-        default="ctranslate2",
-        choices=["ctranslate2", "huggingface"],
-        help="ctranslate2 (default) or huggingface: a folder for transformers.MarianMTModel",
-    )
-    export.add_argument("--output", required=True, help="the model folder to write")
-    export.add_argument(
-        "--quantization", choices=QUANTIZATIONS, help="weight type (default float32)"
-    )
-    export.add_argument("--force", action="store_true", help="replace an existing output folder")
-
-    attention = command(
-        "attention", help="translate a sentence and plot (or dump) its attention weights"
-    )
-    attention.add_argument(
-        "--checkpoint", required=True, help="a .pt checkpoint or a MarianMT folder"
-    )
-    attention.add_argument("sentence", help="the source sentence")
-    attention.add_argument(
-        "--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json"
-    )
-    attention.add_argument(
-        "--layer", type=int, default=-1, help="layer to show (default: the last)"
-    )
-    attention.add_argument(
-        "--head", type=int, help="one head only (default: every head plus their mean)"
-    )
-    attention.add_argument(
-        "--kind",
-        default="all",
-        choices=["all", "cross", "encoder_self", "decoder_self"],
-        help="encoder-decoder (cross), either self-attention, or all three (default)",
-    )
-    attention.add_argument(
-        "--format", choices=["image", "json"], help="default: by the --out suffix"
-    )
-    attention.add_argument(
-        "--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto"
-    )
-    _add_decoding_flags(attention, exclude=("n_best",))  # the translation shown (default: greedy)
-
-    plot = command(
-        "plot",
-        help="draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl",
-    )
-    plot.add_argument(
-        "--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs"
-    )
-    plot.add_argument(
-        "--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)"
-    )
-
-    serve = command(
-        "serve", help="serve a model over HTTP: JSON API and an attention explorer page"
-    )
-    serve.add_argument(
-        "--checkpoint",
-        required=True,
-        action="append",
-        help="a .pt checkpoint, a MarianMT folder or "
-        "an exported CTranslate2 folder (no /attention for the latter); repeated: an ensemble",
-    )
-    serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="interface to bind (default 127.0.0.1: this machine only)",
-    )
-    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
-    serve.add_argument(
-        "--quantization",
-        choices=["int8"],
-        help="int8: int8 dynamically quantized linear layers (CPU)",
-    )
-    serve.add_argument(
-        "--compile",
-        action="store_true",
-        help="decode with the decoder step compiled by torch.compile, compiled before serving "
-        "(20-60 s at start; CPU; needs a C++ compiler; see docs/serving.md)",
-    )
-    serve.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)"
-    )
-    serve.add_argument(
-        "--max-sentences", type=int, default=128, help="sentences per request (default 128)"
-    )
-    serve.add_argument(
-        "--max-chars", type=int, default=2000, help="characters per sentence (default 2000)"
-    )
-    serve.add_argument(
-        "--max-beam-size", type=int, default=16, help="largest beam_size a request may ask (16)"
-    )
-    serve.add_argument(
-        "--max-request-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)"
-    )
-    serve.add_argument(
-        "--max-batch-sentences",
-        type=int,
-        default=0,
-        help="sentences of concurrent requests decoded together (default: decoding.batch_size)",
-    )
-    serve.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=5.0,
-        help="how long to collect concurrent requests into one batch (milliseconds, default 5)",
-    )
-    serve.add_argument(
-        "--request-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a request's headers, then its "
-        "body, may take to arrive (default 30; 0: no limit)",
-    )
-    serve.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGTERM or Ctrl-C, seconds requests in flight may take to finish (default 30)",
-    )
-    serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
+    for name, (help, add_flags, _) in COMMANDS.items():
+        add_flags(command(name, help))
     return parser
 
 
@@ -500,6 +149,31 @@ def _as_typed(err: Exception, command: str) -> str:
     if command in ("translate", "evaluate", "attention") and key.startswith("decoding."):
         return f"--{key.removeprefix('decoding.').replace('_', '-')}: {err.detail}"
     return str(err)
+
+
+def _train_flags(train: argparse.ArgumentParser) -> None:
+    """`transformer train`'s flags, read by `cmd_train` below."""
+    train.add_argument(
+        "--config",
+        help="YAML recipe, e.g. configs/multi30k_de_en.yaml (with --resume: by default the run's own config.yaml)",
+    )
+    train.add_argument("--run-dir", help="output folder (default: runs/<config name>)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set training.max_steps=200 (repeatable)",
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from RUN_DIR/checkpoints/last.pt"
+    )
+    train.add_argument(
+        "--init-from",
+        metavar="SOURCE",
+        help="fine-tune: start from the weights and tokenizer of "
+        "this checkpoint (.pt) or MarianMT folder; the model's keys come from it",
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -542,6 +216,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
+    """`transformer prepare`'s flags, read by `cmd_prepare` below."""
+    prepare.add_argument("--config", required=True, help="YAML recipe, the same as for train")
+    prepare.add_argument(
+        "--run-dir", help="run folder for the tokenizer (default: runs/<config name>)"
+    )
+    prepare.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="as for train"
+    )
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .training.data import prepare_data
     from .training.init_from import with_absolute_data_path
@@ -558,6 +243,24 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         "--set finds both"
     )
     return 0
+
+
+def _average_flags(average: argparse.ArgumentParser) -> None:
+    """`transformer average`'s flags, read by `cmd_average` below."""
+    inputs = average.add_mutually_exclusive_group(required=True)
+    inputs.add_argument(
+        "--checkpoints", nargs="+", metavar="CKPT", help="the checkpoints to average"
+    )
+    inputs.add_argument(
+        "--run-dir",
+        help="average the --last N step checkpoints (checkpoints/step_N.pt) of this run",
+    )
+    average.add_argument(
+        "--last", type=int, default=5, help="with --run-dir: how many (default 5, the paper's)"
+    )
+    average.add_argument(
+        "--output", required=True, help="the averaged checkpoint (.pt; replaces an earlier average)"
+    )
 
 
 def cmd_average(args: argparse.Namespace) -> int:
@@ -583,10 +286,47 @@ def _note_compile(args: argparse.Namespace) -> None:
         )
 
 
+def _translate_flags(translate: argparse.ArgumentParser) -> None:
+    """`transformer translate`'s flags, read by `cmd_translate` below."""
+    translate.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="a .pt checkpoint (e.g. "
+        "RUN/checkpoints/best.pt), a folder written by `transformer export` (decoded with "
+        "CTranslate2) or a MarianMT folder; repeated (--checkpoint A --checkpoint B): an ensemble",
+    )
+    translate.add_argument(
+        "sentences", nargs="*", help="sentences to translate; none: read lines from --input/stdin"
+    )
+    translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
+    translate.add_argument("--output", help="write translations here (default: stdout)")
+    translate.add_argument(
+        "--alignment",
+        action="store_true",
+        help="after each translation a TAB and its word "
+        "alignment: Pharaoh i-j pairs (source word i, target word j), from the last layer",
+    )
+    translate.add_argument(
+        "--prefix-file",
+        help="one target prefix per input line (empty: none); each translation "
+        "starts with its prefix, then goes on freely",
+    )
+    translate.add_argument(
+        "--buffer-size",
+        type=int,
+        default=1000,
+        help="lines read, decoded (sorted by length) "
+        "and written at a time (default 1000); typed input is translated line by line",
+    )
+    _add_decoding_flags(translate)
+    _add_engine_flags(translate)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate chunk by chunk: each chunk is decoded in length-sorted batches, written back in input order and
     flushed before the next is read, so typed lines come back one by one and files of any size use bounded memory."""
-    from .config.languages import WrittenLanguageError, target_languages, written_runs
+    from .request import WrittenLanguageError, read_sentences, written_runs
     from .translate import Translator
 
     if args.buffer_size < 1:
@@ -601,13 +341,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
     )
     n_best = args.n_best or 1
     kwargs = {**_decoding_kwargs(args), "n_best": n_best}
-    targets = target_languages(translator.config.data)
-    per_line = kwargs.get("tgt_lang") is None and len(targets) > 1  # lines may name theirs: >>fra<<
-    # Bad options fail before any input is read. With per_line each run of lines resolves its options (and its
-    # language) below; here any target language stands in, to check the others.
-    options = translator.resolve_options(
-        **{**kwargs, "tgt_lang": targets[0]} if per_line else kwargs
-    )
+    # Bad options (a given --tgt-lang among them) fail before any input is read; without --tgt-lang each run of
+    # lines that name the same language (>>fra<< at their start, or none) is translated into its own.
+    translator.check_options(**kwargs)
+    chosen = kwargs.get("tgt_lang") is not None
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(
             f"--alignment reads our model's attention; a {translator.engine.name} model has none"
@@ -634,14 +371,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     f"--prefix-file {args.prefix_file}: {prefix_reader.lines_read} lines, the input at "
                     f"least {index + len(lines)}: give one prefix line (empty for none) per input line"
                 )
-            runs = written_runs(lines, targets) if per_line else [(0, len(lines))]
+            read = read_sentences(lines)  # each line's written >>fra<< read once
+            runs = [(0, len(read))] if chosen else written_runs(read, translator.languages)
             for start, end in runs:
-                run_lines = lines[start:end]
+                run_lines = read[start:end]
                 run_prefixes = prefixes[start:end] if prefixes is not None else None
                 try:
-                    run_options = (
-                        translator.resolve_options(run_lines, **kwargs) if per_line else options
-                    )
+                    run_options = translator.resolve_options(run_lines, **kwargs)
                     request = translator.request(run_lines, run_options, run_prefixes)
                 # a line starting with another language's token than tgt_lang: name the line
                 except WrittenLanguageError as err:
@@ -651,7 +387,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 except (
                     ConfigError
                 ) as err:  # a run of lines without a language of its own: name its line
-                    if not per_line or isinstance(err, OptionError):
+                    if isinstance(err, OptionError):
                         raise
                     raise ConfigError(
                         f"input line {index + 1}: {err}",
@@ -755,6 +491,62 @@ def _check_translate_inputs(args: argparse.Namespace) -> None:
         )
 
 
+def _evaluate_flags(evaluate: argparse.ArgumentParser) -> None:
+    """`transformer evaluate`'s flags, read by `cmd_evaluate` below."""
+    evaluate.add_argument("--checkpoint", action="append", help="as translate's")
+    evaluate.add_argument(
+        "--run-dir",
+        help="instead of --checkpoint: score a whole run: best.pt and the average of its last step checkpoints, "
+        "greedy and beam, each direction, into RUN_DIR/eval_test_*.json and RUN_DIR/scores.md (run_scores.py)",
+    )
+    evaluate.add_argument(
+        "--average-last",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --run-dir: the step checkpoints averaged (default 5; 0: best.pt only)",
+    )
+    evaluate.add_argument(
+        "--zero-shot",
+        nargs="*",
+        default=[],
+        metavar="SRC-TGT",
+        help="with --run-dir of a multilingual run: pairs it never trained, scored directly and through English",
+    )
+    evaluate.add_argument("--src", help="source file (plain or .gz), one sentence per line")
+    evaluate.add_argument(
+        "--ref",
+        nargs="+",
+        metavar="REF",
+        help="reference file(s), aligned with --src; several are scored as sacrebleu scores them",
+    )
+    evaluate.add_argument(
+        "--split",
+        help="a split of the checkpoint's data section instead of --src/--ref: "
+        "'test' and 'valid' name data.test_split and data.valid_split; any other name is used as is",
+    )
+    evaluate.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="override the checkpoint's data section for --split, e.g. --set data.path=DIR",
+    )
+    evaluate.add_argument(
+        "--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model"
+    )
+    evaluate.add_argument(
+        "--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)"
+    )
+    evaluate.add_argument(
+        "--tokenize", help="sacrebleu tokenizer (default: 13a, or zh/ja-mecab/ko-mecab by language)"
+    )
+    _add_decoding_flags(
+        evaluate, exclude=("n_best",)
+    )  # BLEU scores the 1-best; n-best lists come from translate
+    _add_engine_flags(evaluate)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import (
         check_bleu_tokenizer,
@@ -822,6 +614,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chain_flags(chain: argparse.ArgumentParser) -> None:
+    """`transformer chain`'s flags, read by `cmd_chain` below."""
+    chain.add_argument(
+        "--config", required=True, help="the recipe to make, e.g. configs/multi30k_fr_en_bt.yaml"
+    )
+    chain.add_argument(
+        "--plan", action="store_true", help="print the steps and what is done, and stop"
+    )
+    chain.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value of every recipe the chain trains (repeatable), e.g. --set data.path=DIR",
+    )
+    chain.add_argument(
+        "--average-last",
+        type=int,
+        default=5,
+        metavar="N",
+        help="step checkpoints each evaluation averages (default 5)",
+    )
+
+
 def cmd_chain(args: argparse.Namespace) -> int:
     """`transformer chain`: see `chain.py`."""
     from .chain import check_needs, describe, plan, run_chain
@@ -832,6 +648,61 @@ def cmd_chain(args: argparse.Namespace) -> int:
     if args.plan:
         return 0
     return run_chain(steps)
+
+
+def _synthesize_flags(synthesize: argparse.ArgumentParser) -> None:
+    """`transformer synthesize`'s flags, read by `cmd_synthesize` below."""
+    synthesize.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="the model that translates, as translate's",
+    )
+    synthesize.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="monolingual text files (plain or .gz)",
+    )
+    synthesize.add_argument(
+        "--output",
+        required=True,
+        help="the corpus folder to write: train.LANG.gz of the input and of the output language, and "
+        "origin.json; the same command again after an interruption goes on where it stopped",
+    )
+    synthesize.add_argument(
+        "--input-lang",
+        help="the language of the input files (default: the model's source language)",
+    )
+    synthesize.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="files whose lines are not translated (e.g. the parallel training text in the inputs' language)",
+    )
+    synthesize.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=2000,
+        help="lines translated between saves of the progress (2000)",
+    )
+    synthesize.add_argument(
+        "--max-lines",
+        type=int,
+        default=0,
+        metavar="N",
+        help="translate only the first N unique lines (default 0: all), e.g. to try a chain at toy scale",
+    )
+    synthesize.add_argument(
+        "--max-length-ratio",
+        type=float,
+        default=3.0,
+        help="drop pairs where one side has more than this times the other's words (default 3)",
+    )
+    _add_decoding_flags(synthesize, exclude=("n_best",))
+    _add_engine_flags(synthesize)
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
@@ -896,14 +767,36 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_flags(export: argparse.ArgumentParser) -> None:
+    """`transformer export`'s flags, read by `cmd_export` below."""
+    export.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a .pt checkpoint (e.g. RUN/checkpoints/best.pt) or a MarianMT folder",
+    )
+    export.add_argument(
+        "--format",
+        default="ctranslate2",
+        choices=["ctranslate2", "huggingface"],
+        help="ctranslate2 (default) or huggingface: a folder for transformers.MarianMTModel",
+    )
+    export.add_argument("--output", required=True, help="the model folder to write")
+    export.add_argument(
+        "--quantization", choices=QUANTIZATIONS, help="weight type (default float32)"
+    )
+    export.add_argument("--force", action="store_true", help="replace an existing output folder")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    from .config.languages import target_languages
+    from .config.languages import language_tokens
     from .engines import load_model
 
     if args.format == "huggingface" and args.quantization:
         raise ExportError("--quantization applies to --format ctranslate2 only")
     config, model, tokenizer = load_model(args.checkpoint)
-    several = len(target_languages(config.data)) > 1  # a request must name its target language
+    tokens = language_tokens(
+        config.data
+    )  # a model told its target language by a token: a call names it
     if args.format == "huggingface":
         from .hf import export_huggingface
 
@@ -911,8 +804,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(
             f"wrote {out} (Hugging Face MarianMT): load it with transformers' MarianMTModel and MarianTokenizer"
             + (
-                ", each source starting with its target language's token (>>fra<<)"
-                if several
+                f", each source starting with its target language's token ({tokens[0]})"
+                if tokens
                 else ""
             )
         )
@@ -938,9 +831,39 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     print(
         f"wrote {out} (CTranslate2, {args.quantization or 'float32'}): use it as `transformer translate --checkpoint "
-        f"{out}{' --tgt-lang LANG' if several else ''}` or with ctranslate2.Translator"
+        f"{out}{' --tgt-lang LANG' if tokens else ''}` or with ctranslate2.Translator"
     )
     return 0
+
+
+def _attention_flags(attention: argparse.ArgumentParser) -> None:
+    """`transformer attention`'s flags, read by `cmd_attention` below."""
+    attention.add_argument(
+        "--checkpoint", required=True, help="a .pt checkpoint or a MarianMT folder"
+    )
+    attention.add_argument("sentence", help="the source sentence")
+    attention.add_argument(
+        "--out", required=True, help="image file (.png, .svg, .pdf) or, with --format json, .json"
+    )
+    attention.add_argument(
+        "--layer", type=int, default=-1, help="layer to show (default: the last)"
+    )
+    attention.add_argument(
+        "--head", type=int, help="one head only (default: every head plus their mean)"
+    )
+    attention.add_argument(
+        "--kind",
+        default="all",
+        choices=["all", "cross", "encoder_self", "decoder_self"],
+        help="encoder-decoder (cross), either self-attention, or all three (default)",
+    )
+    attention.add_argument(
+        "--format", choices=["image", "json"], help="default: by the --out suffix"
+    )
+    attention.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto"
+    )
+    _add_decoding_flags(attention, exclude=("n_best",))  # the translation shown (default: greedy)
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
@@ -961,11 +884,91 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_flags(plot: argparse.ArgumentParser) -> None:
+    """`transformer plot`'s flags, read by `cmd_plot` below."""
+    plot.add_argument(
+        "--run-dir", action="append", required=True, help="a run directory; repeat to overlay runs"
+    )
+    plot.add_argument(
+        "--out", help="image file, .png, .svg or .pdf (default: RUN_DIR/curves.png of the first)"
+    )
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot_runs
 
     print(f"wrote {plot_runs(args.run_dir, args.out or Path(args.run_dir[0]) / 'curves.png')}")
     return 0
+
+
+def _serve_flags(serve: argparse.ArgumentParser) -> None:
+    """`transformer serve`'s flags, read by `cmd_serve` below."""
+    serve.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="a .pt checkpoint, a MarianMT folder or "
+        "an exported CTranslate2 folder (no /attention for the latter); repeated: an ensemble",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1: this machine only)",
+    )
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    serve.add_argument(
+        "--quantization",
+        choices=["int8"],
+        help="int8: int8 dynamically quantized linear layers (CPU)",
+    )
+    serve.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the decoder step compiled by torch.compile, compiled before serving "
+        "(20-60 s at start; CPU; needs a C++ compiler; see docs/serving.md)",
+    )
+    serve.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (default 0: one per core)"
+    )
+    serve.add_argument(
+        "--max-sentences", type=int, default=128, help="sentences per request (default 128)"
+    )
+    serve.add_argument(
+        "--max-chars", type=int, default=2000, help="characters per sentence (default 2000)"
+    )
+    serve.add_argument(
+        "--max-beam-size", type=int, default=16, help="largest beam_size a request may ask (16)"
+    )
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)"
+    )
+    serve.add_argument(
+        "--max-batch-sentences",
+        type=int,
+        default=0,
+        help="sentences of concurrent requests decoded together (default: decoding.batch_size)",
+    )
+    serve.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long to collect concurrent requests into one batch (milliseconds, default 5)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request's headers, then its "
+        "body, may take to arrive (default 30; 0: no limit)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds requests in flight may take to finish (default 30)",
+    )
+    serve.add_argument("--no-access-log", action="store_true", help="do not log a line per request")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -1024,6 +1027,67 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS: dict[
+    str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+] = {
+    "train": ("train a model from a YAML config", _train_flags, cmd_train),
+    "prepare": (
+        "build the tokenizer and the training token cache ahead of training",
+        _prepare_flags,
+        cmd_prepare,
+    ),
+    "average": (
+        "average the parameters of several checkpoints (§6.1)",
+        _average_flags,
+        cmd_average,
+    ),
+    "translate": (
+        "translate sentences (arguments, --input FILE, or stdin)",
+        _translate_flags,
+        cmd_translate,
+    ),
+    "synthesize": (
+        "translate monolingual text into a parallel corpus for training (back-translation): deduplicated, "
+        "filtered, resumable",
+        _synthesize_flags,
+        cmd_synthesize,
+    ),
+    "chain": (
+        "make a recipe's model and everything it needs (reverse models, teachers, synthetic corpora), then "
+        "evaluate: plans, skips what is done, resumes what stopped",
+        _chain_flags,
+        cmd_chain,
+    ),
+    "evaluate": (
+        "translate a test set and score BLEU and chrF with sacrebleu",
+        _evaluate_flags,
+        cmd_evaluate,
+    ),
+    "export": (
+        "convert a checkpoint for deployment (CTranslate2) or Hugging Face (MarianMT)",
+        _export_flags,
+        cmd_export,
+    ),
+    "attention": (
+        "translate a sentence and plot (or dump) its attention weights",
+        _attention_flags,
+        cmd_attention,
+    ),
+    "plot": (
+        "draw a run's training curves (loss, BLEU, learning rate) from its metrics.jsonl",
+        _plot_flags,
+        cmd_plot,
+    ),
+    "serve": (
+        "serve a model over HTTP: JSON API and an attention explorer page",
+        _serve_flags,
+        cmd_serve,
+    ),
+}
+"""Each sub-command: its one-line help, the function that declares its flags (beside the code that reads them) and
+the one that runs it."""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     reuse_freed_memory()  # glibc keeps freed tensor memory mapped: no page faults on every step's large tensors
@@ -1041,19 +1105,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    commands = {
-        "train": cmd_train,
-        "prepare": cmd_prepare,
-        "average": cmd_average,
-        "translate": cmd_translate,
-        "evaluate": cmd_evaluate,
-        "synthesize": cmd_synthesize,
-        "chain": cmd_chain,
-        "export": cmd_export,
-        "attention": cmd_attention,
-        "plot": cmd_plot,
-        "serve": cmd_serve,
-    }
     # SIGTERM (a service manager, `kill`) stops these as Ctrl-C does: what was done is kept and said (train and serve
     # handle it themselves)
     on_sigterm = (
@@ -1061,7 +1112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_sigterm else None
     try:
-        return commands[args.command](args)
+        return COMMANDS[args.command][2](args)
     except USER_ERRORS as err:
         if args.verbose:
             raise

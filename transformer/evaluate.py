@@ -174,7 +174,7 @@ def evaluation_data(
 
     Raises:
         ConfigError: both or neither given, overrides without a split, a multilingual model's split without one of
-            its directions (or a direction given for a bilingual model, or with --src/--ref), a `tgt_lang` (the
+            its directions, a direction the model does not translate (or one given with --src/--ref), a `tgt_lang` (the
             --tgt-lang flag) that is not the direction's target language.
         DataError: unreadable or misaligned files.
     """
@@ -230,18 +230,16 @@ def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:
         ConfigError: no direction for a model of several, or one the model does not have.
     """
     held_out = [c for c in data.corpora if c.held_out]  # synthetic corpora have no test split
-    named = [c.name for c in held_out if c.name]
-    found = [c for c in held_out if direction in (None, c.name or None)]
+    found = [c for c in held_out if direction in (None, c.name)]
     if len(found) == 1:
         return found[0]
-    if direction and not named:
+    names = ", ".join(c.name for c in held_out)
+    if direction is None:
         raise ConfigError(
-            f"evaluate: --direction {direction} names a direction of a multilingual model; this one "
-            f"translates {data.src_lang}-{data.tgt_lang} only"
+            f"evaluate: --split {split} of a model of several directions: give --direction, one of {names}"
         )
     raise ConfigError(
-        f"evaluate: --split {split} of a multilingual model: give --direction, one of "
-        f"{', '.join(named)}" + (f" (not {direction})" if direction else "")
+        f"evaluate: --direction {direction}: this model translates {names} (give one of them)"
     )
 
 

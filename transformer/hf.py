@@ -30,8 +30,10 @@ what our model cannot (unscaled embeddings, separate vocabularies, unequal encod
 A multilingual model (`data.directions`) is exported with its target-language tokens (`>>fra<<`, one piece each)
 in vocab.json: `transformers` code that starts a source with `>>fra<<`, as for the OPUS-MT multi-target models,
 translates as `translate --tgt-lang fr` does. Importing a folder we did not export, a vocabulary with two or more
-such tokens is read as a multi-target model: its languages are those of `--tgt-lang` (`>>fra<<` -> fr, see
-`config/languages.py`), with "src" as the source language, as Marian folders do not record theirs.
+such tokens is read as a multi-target model: its languages are those of `--tgt-lang` (`>>fra<<` and `>>fr<<` -> fr,
+see `config/languages.py`), with "src" as the source language, as Marian folders do not record theirs. Each
+language keeps the token the vocabulary spells (`data.language_tokens`): a source starts with `>>de<<` where the
+model was trained with `>>de<<`, as `MarianTokenizer` gives it, and the export writes the same pieces back.
 
 `transformers` is not needed for any of this (the files are plain JSON, sentencepiece and safetensors); only the
 `safetensors` package is: `pip install 'transformer-nmt[hf]'` (`make install` includes it).
@@ -47,7 +49,7 @@ import torch
 from torch import Tensor
 
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Config, ConfigError, config_from_dict
-from .config.languages import OPUS_CODES, language_pairs, language_token, token_language
+from .config.languages import language_pairs, language_token, token_language
 from .files import CheckpointError, ExportError, check_replaceable, write_folder
 from .model import Transformer
 from .tokenizer import SPECIAL_PIECES, Tokenizer, TokenizerError
@@ -388,7 +390,7 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab: list[str]) -> Confi
                 "src_lang": UNKNOWN_PAIR[0],
                 "tgt_lang": UNKNOWN_PAIR[1],
                 "path": str(folder),
-                "directions": [f"{UNKNOWN_PAIR[0]}-{lang}" for lang in _target_languages(vocab)],
+                **_target_languages(vocab),
             },
             "decoding": {"beam_size": 4, "max_repeat": 0},
         }
@@ -413,13 +415,22 @@ def _our_config(folder: Path, marian: dict[str, Any], vocab: list[str]) -> Confi
     return config_from_dict(raw, vocab_sizes=(vocab_size, vocab_size))
 
 
-def _target_languages(vocab: list[str]) -> list[str]:
-    """The languages of a multi-target OPUS-MT vocabulary (two or more `>>fra<<`-style pieces), in vocabulary order;
-    none for a vocabulary with one such piece or none (a model that translates into one language)."""
-    languages = [
-        lang for lang in map(token_language, vocab) if lang is not None and lang != UNKNOWN_PAIR[0]
-    ]
-    return languages if len(languages) > 1 else []
+def _target_languages(vocab: list[str]) -> dict[str, Any]:
+    """The data keys of a multi-target OPUS-MT vocabulary (two or more target-language tokens, `>>fra<<` or
+    `>>fr<<`): `directions`, one per token in vocabulary order, and `language_tokens`, each token whose spelling is
+    not ours (`>>de<<` for de), so that the model is given its own pieces and they are exported as they came. A
+    vocabulary with one such token or none: {} (a model that translates into one language is not told which)."""
+    tokens: dict[str, str] = {}
+    for piece in vocab:
+        code = token_language(piece)
+        if code is not None and code != UNKNOWN_PAIR[0]:
+            tokens.setdefault(code, piece)  # >>de<< and >>deu<< both there: the first names de
+    if len(tokens) < 2:
+        return {}
+    return {
+        "directions": [f"{UNKNOWN_PAIR[0]}-{code}" for code in tokens],
+        "language_tokens": {code: t for code, t in tokens.items() if t != language_token(code)},
+    }
 
 
 def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str], list[int]]:
@@ -453,21 +464,7 @@ def _import_vocabulary(folder: Path, marian: dict[str, Any]) -> tuple[list[str],
         raise ConfigError(f"{folder / 'vocab.json'}: no unknown-token piece {unk_piece!r}")
     specials = _marian_specials(folder, marian, vocab[unk_piece])
     rest = [i for i in range(size) if i not in specials]
-    return list(SPECIAL_PIECES) + _named_as_ours([pieces[i] for i in rest]), specials + rest
-
-
-def _named_as_ours(pieces: list[str]) -> list[str]:
-    """`pieces` with target-language tokens in the older two-letter style (`>>de<<`, `>>fr<<`, as some OPUS-MT
-    vocabularies have them) renamed as ours (`>>deu<<`, `>>fra<<`, `language_token`), so that the import reads
-    them as the model's languages; the ids are unchanged, so translations are too. A token whose new name is
-    already a piece is left as it is."""
-    taken = set(pieces)
-    out = []
-    for piece in pieces:
-        code = piece[2:-2] if piece.startswith(">>") and piece.endswith("<<") else ""
-        ours = language_token(code) if code in OPUS_CODES else piece
-        out.append(ours if ours not in taken else piece)
-    return out
+    return list(SPECIAL_PIECES) + [pieces[i] for i in rest], specials + rest
 
 
 def _marian_specials(folder: Path, marian: dict[str, Any], unk: int) -> list[int]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .config import Config, ConfigError, config_from_dict
+from .config.languages import language_tokens
 from .evaluate import corpus_scores, evaluation_data, report, translate_test_set
 from .files import write_file
 from .translate import Translator
@@ -55,12 +56,6 @@ def run_config(run_dir: str | Path) -> Config:
 def run_directions(config: Config) -> list[str]:
     """The directions a run is scored in, "src-tgt": its corpora with a test split (one for a bilingual run)."""
     return [f"{c.src_lang}-{c.tgt_lang}" for c in config.data.corpora if c.held_out]
-
-
-def is_multilingual(config: Config) -> bool:
-    """Whether a run's test splits are scored direction by direction (its corpora carry target-language tokens:
-    `data.directions`), each file named after its direction."""
-    return any(c.language_token for c in config.data.corpora if c.held_out)
 
 
 def evaluate_run(
@@ -101,20 +96,12 @@ def evaluate_run(
             f"evaluate: {n} step checkpoints in {run_dir / 'checkpoints'}, fewer than --average-last "
             f"{average_last}: {f'avg_last{n}' if n else 'no average'} scored beside best.pt"
         )
-    multilingual = is_multilingual(config)
     for name, path in checkpoints.items():
         translator = Translator.from_checkpoint(path)
-        for direction in run_directions(config):
+        for corpus in (c for c in config.data.corpora if c.held_out):
             for search in SEARCHES:
-                suffix = f"_{direction}" if multilingual else ""
                 src, refs, tgt_lang, origin = evaluation_data(
-                    translator.config,
-                    "test",
-                    None,
-                    None,
-                    list(overrides),
-                    str(path),
-                    direction if multilingual else None,
+                    translator.config, "test", None, None, list(overrides), str(path), corpus.name
                 )
                 _score(
                     translator,
@@ -124,8 +111,8 @@ def evaluate_run(
                     tgt_lang,
                     origin,
                     search,
-                    run_dir / f"eval_test_{name}{suffix}_{search}.json",
-                    direction if multilingual else None,
+                    run_dir / f"eval_test_{name}{corpus.suffix}_{search}.json",
+                    corpus.name,
                 )
         del translator
     if zero_shot:
@@ -206,9 +193,10 @@ def score_zero_shot(
     from .config import override_config
     from .data.text import read_lines
 
-    if not is_multilingual(config):
+    if not language_tokens(config.data):
         out(
-            f"zero-shot: {run_dir} is not a multilingual run (no data.directions): nothing to score"
+            f"zero-shot: {run_dir} is not a multilingual run (no data.directions, so no target-language "
+            "tokens to ask for another language): nothing to score"
         )
         return
     data = override_config(config, list(overrides), sections=("data",), source=str(run_dir)).data
@@ -351,7 +339,7 @@ def read_scores(
             continue
         record = json.loads(path.read_text(encoding="utf-8"))
         direction = record.get("direction") or directions[0]
-        checkpoint = name.removesuffix(f"_{direction}") if record.get("direction") else name
+        checkpoint = name.removesuffix(f"_{direction}")
         if checkpoint not in checkpoints:
             checkpoints.append(checkpoint)
         scores[direction, checkpoint, search] = (record["bleu"], record["chrf"])

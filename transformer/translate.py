@@ -30,7 +30,16 @@ from .decoding.alignment import align_words
 from .decoding.options import distinct_first, n_best_search, warn_length_cap
 from .engines import Engine, SourceBatch, open_engine
 from .passthrough import PassThrough, with_passthrough
-from .request import ResolvedOptions, Translation, TranslationRequest, make_request, resolve_options
+from .request import (
+    ResolvedOptions,
+    Sentences,
+    Translation,
+    TranslationRequest,
+    check_options,
+    make_request,
+    read_sentences,
+    resolve_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +111,13 @@ class Translator:
         return target_languages(self.config.data)
 
     def resolve_options(
-        self, sentences: Optional[list[str]] = None, **overrides: Any
+        self, sentences: Optional[Sentences] = None, **overrides: Any
     ) -> ResolvedOptions:
         """The options of a call, the target language decided (`request.resolve_options`).
 
         Args:
-            sentences: the call's sentences, when known: without tgt_lang, a language token written at their start
-                names the language.
+            sentences: the call's sentences (str, or read once: `request.read_sentences`), when known: without
+                tgt_lang, a language token written at their start names the language.
             overrides: fields of `DecodingConfig` (None: the config's value).
 
         Raises:
@@ -118,13 +127,21 @@ class Translator:
         """
         return resolve_options(self.config, self.tokenizer, sentences, **overrides)
 
+    def check_options(self, **overrides: Any) -> DecodingConfig:
+        """The options that do not depend on the sentences, checked before any is read (`request.check_options`).
+
+        Raises:
+            OptionError, ConfigError: as `resolve_options`, except what a written token decides.
+        """
+        return check_options(self.config, **overrides)
+
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """The decoding section of `resolve_options(**overrides)`."""
         return self.resolve_options(**overrides).decoding
 
     def request(
         self,
-        sentences: list[str],
+        sentences: Sentences,
         options: ResolvedOptions,
         prefixes: Optional[list[Optional[str]]] = None,
     ) -> TranslationRequest:
@@ -183,9 +200,8 @@ class Translator:
                 tgt_lang the model cannot translate into; a WrittenLanguageError for a sentence that starts with
                 another language's token.
         """
-        request = self.request(
-            sentences, self.resolve_options(sentences, n_best=n_best, **options), prefixes
-        )
+        read = read_sentences(sentences)  # each written `>>fra<<` read once, for both calls
+        request = self.request(read, self.resolve_options(read, n_best=n_best, **options), prefixes)
         result = self.run(request, scores=scores, should_stop=should_stop, warn_truncated=True)
         if result.empty:
             logger.warning(

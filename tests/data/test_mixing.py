@@ -23,19 +23,21 @@ def test_language_tokens_are_named_as_opus_mt_names_them():
 def test_a_run_is_a_list_of_corpora_made_once_from_either_form():
     data = DataConfig(path="d", directions=["de-en", "fr-en", "en-fr"])
     assert target_languages(data) == ["en", "fr"]
-    assert data.corpora == (Corpus("de", "en", "de-en", ">>eng<<"), Corpus("fr", "en", "fr-en", ">>eng<<"),
-                            Corpus("en", "fr", "en-fr", ">>fra<<"))
+    assert data.corpora == (Corpus("de", "en", "de-en", "de-en", ">>eng<<"),
+                            Corpus("fr", "en", "fr-en", "fr-en", ">>eng<<"),
+                            Corpus("en", "fr", "en-fr", "en-fr", ">>fra<<"))
     view = data.corpora[1].section(data)
     assert (view.src_lang, view.tgt_lang, view.corpus.source_pieces) == ("fr", "en", (">>eng<<",))
     assert view.directions == ["fr-en"]  # the section reads that corpus's files, caches and samples
     bilingual = DataConfig(path="d", src_lang="en", tgt_lang="cs")
-    assert bilingual.corpora == (Corpus("en", "cs"),) and bilingual.corpus.source_pieces == ()  # no token
+    assert bilingual.corpora == (Corpus("en", "cs", "en-cs"),) and bilingual.corpus.source_pieces == ()  # no token
+    assert bilingual.corpus.files == "" and bilingual.corpus.suffix == ""  # the run's own file names
     assert bilingual.corpus.section(bilingual) == bilingual
     assert target_languages(bilingual) == ["cs"]
     assert "corpora" not in config_from_dict({"model": {}, "data": {"path": "d"}}).to_dict()["data"]  # derived
     with pytest.raises(ValueError, match="Corpus.section"):
         _ = data.corpus
-    tagged = Corpus("en", "de", "bt", ">>deu<<", tag="<bt>")  # a later corpus kind: its tag follows the token
+    tagged = Corpus("en", "de", "bt", "bt", ">>deu<<", tag="<bt>")  # a later corpus kind: its tag follows the token
     assert tagged.source_pieces == (">>deu<<", "<bt>") and tagged.section(data).corpus == tagged
 
 
@@ -128,3 +130,14 @@ def test_a_share_above_the_size_takes_every_pair_once_per_pass():
     drawn = draw_indices(10, 25, np.random.default_rng(0))
     assert sorted(np.bincount(drawn, minlength=10).tolist()) == [2] * 5 + [3] * 5
     assert sorted(drawn[:10].tolist()) == list(range(10)) and sorted(drawn[10:20].tolist()) == list(range(10))
+
+
+def test_one_corpus_is_its_epoch_as_it_is_in_order():
+    """A bilingual run's epoch is the same `MixedPairs` as any run's, holding its pairs in their order, whatever the
+    seed, epoch, temperature or weight: there is nothing to mix, and training sees what it saw without mixing."""
+    part = _pairs(30, 0)
+    for seed, epoch, weight in ((1, 0, [1.0]), (7, 3, [4.0])):
+        mixed = mix_directions([part], [30], 5.0, seed, epoch, weight)
+        assert mixed.index.tolist() == list(range(30)) and set(mixed.direction.tolist()) == {0}
+        assert np.array_equal(mixed.src_lengths, part.src_lengths)
+        assert np.array_equal(mixed.tgt_lengths, part.tgt_lengths)

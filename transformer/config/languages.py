@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import ConfigError, _require
+from .errors import _require
 
 OPUS_CODES = {
     "ar": "ara",
@@ -73,6 +73,9 @@ _ISO_639_1 = {three: two for two, three in OPUS_CODES.items()}
 
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
+LANGUAGE_TOKEN = re.compile(r">>[A-Za-z][A-Za-z0-9_]*<<")
+"""The shape of a target-language token (`>>fra<<`, `>>de<<`, `>>cmn_Hans<<`): a tag may not take it."""
+
 
 def language_token(code: str) -> str:
     """The target-language token of a language code, as OPUS-MT names it: `>>` + ISO 639-3 code + `<<`.
@@ -85,11 +88,19 @@ def language_token(code: str) -> str:
 
 
 def token_language(piece: str) -> Optional[str]:
-    """The language code of a target-language token, the inverse of `language_token`: `>>fra<<` -> fr,
-    `>>cmn_Hans<<` -> cmn_Hans; None for any other piece (also `>>fr<<`, which `language_token` never writes)."""
-    code = piece[2:-2] if piece.startswith(">>") and piece.endswith("<<") else ""
-    code = _ISO_639_1.get(code, code)
-    return code if _CODE.fullmatch(code) and language_token(code) == piece else None
+    """The language code of a target-language token as OPUS-MT vocabularies write them: `>>fra<<` -> fr (ISO 639-3
+    names read back to the two-letter code of `OPUS_CODES`), `>>fr<<` -> fr (the older two-letter style),
+    `>>cmn_Hans<<` -> cmn_Hans; None for any other piece."""
+    if not LANGUAGE_TOKEN.fullmatch(piece):
+        return None
+    code = piece[2:-2]
+    return _ISO_639_1.get(code, code)
+
+
+def token_of(data: Any, code: str) -> str:
+    """The token a run's vocabulary holds for target language `code`: data.language_tokens's entry (an imported
+    OPUS-MT model's own spelling, `>>de<<`), else `language_token(code)` (`>>deu<<`)."""
+    return data.language_tokens.get(code) or language_token(code)
 
 
 def find_language(code: str, languages: list[str]) -> Optional[str]:
@@ -101,118 +112,6 @@ def find_language(code: str, languages: list[str]) -> Optional[str]:
     token = language_token(code.lower()).lower()
     named = [lang for lang in languages if language_token(lang.lower()).lower() == token]
     return named[0] if len(named) == 1 else None
-
-
-_WRITTEN_TOKEN = re.compile(r"\s*(>>[A-Za-z][A-Za-z0-9_]*<<)\s*")
-"""A target-language token written at the start of a sentence, as OPUS-MT's multi-target models are given one."""
-
-
-def _written_token(sentence: str, languages: list[str]) -> tuple[Optional[str], Optional[str], int]:
-    """The target-language token written at the very start of `sentence` (`>>fra<<`), the one of `languages` it
-    names in any spelling `find_language` takes (None if none), and where the text after it begins; (None, None, 0)
-    when the sentence starts with no token."""
-    written = _WRITTEN_TOKEN.match(sentence)
-    if not written:
-        return None, None, 0
-    return written.group(1), find_language(written.group(1)[2:-2], languages), written.end()
-
-
-class WrittenLanguageError(ConfigError):
-    """A sentence starts with the token of another language (`>>deu<<`) than the one translated into
-    (`without_written_token`): `sentence` is its index in the sentences given, so that callers can name the line
-    (the CLI) or the field (the server)."""
-
-    def __init__(self, detail: str, sentence: int) -> None:
-        super().__init__(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)
-        self.sentence = sentence
-
-
-def without_written_token(sentences: list[str], tgt_lang: str, only: bool = False) -> list[str]:
-    """The sentences without a target-language token written at their start when it names `tgt_lang`, in any
-    spelling `find_language` takes (`>>fra<< text`, `>>fr<< text`, `>>FRA<< text` -> `text` for fr; whitespace
-    around it dropped); others unchanged. Only the very start of a sentence is read: `>>fra<<` later in it is text.
-
-    Args:
-        only: `tgt_lang` is the model's only target language (it was not chosen, so the message says so).
-
-    Raises:
-        WrittenLanguageError: a sentence starts with another language's token.
-    """
-    out = []
-    for i, sentence in enumerate(sentences):
-        token, code, end = _written_token(sentence, [tgt_lang])
-        if token and code is None:
-            why = (
-                f"the model translates into {tgt_lang} only"
-                if only
-                else "the language is given by tgt_lang, and a token written at the start of a sentence "
-                "must name the same one"
-            )
-            raise WrittenLanguageError(
-                f"a sentence starts with {token} but the target language is "
-                f"{tgt_lang} ({sentence[:40].strip()!r}): {why}",
-                i,
-            )
-        out.append(sentence[end:])
-    return out
-
-
-def written_language(sentences: list[str], languages: list[str]) -> Optional[str]:
-    """The one of `languages` named by the target-language tokens written at the start of `sentences` (in any
-    spelling `find_language` takes), when no tgt_lang is given: the token chooses the language, as OPUS-MT's
-    multi-target models are told theirs. None when no sentence starts with a token.
-
-    Raises:
-        WrittenLanguageError: a token naming none of `languages`, sentences naming different languages, or (a model
-            with several target languages) some starting with a token and others not: one call translates into one
-            language.
-    """
-    named: dict[str, int] = {}
-    plain = None
-    for i, sentence in enumerate(sentences):
-        token, code, _ = _written_token(sentence, languages)
-        if not token:
-            plain = i if plain is None else plain
-            continue
-        if code is None:
-            raise WrittenLanguageError(
-                f"a sentence starts with {token} ({sentence[:40].strip()!r}), a language this model "
-                f"does not translate into: it translates into {', '.join(languages)}",
-                i,
-            )
-        named.setdefault(code, i)
-    if not named:
-        return None
-    if len(named) > 1 or (plain is not None and len(languages) > 1):
-        first, second = (
-            sorted(named.values())[:2] if len(named) > 1 else sorted((min(named.values()), plain))
-        )
-        first_token, second_token = (
-            _written_token(sentences[i], languages)[0] or "no language token"
-            for i in (first, second)
-        )
-        detail = (
-            f"sentence {first + 1} starts with {first_token} and sentence {second + 1} with {second_token}: one "
-            f"call translates into one language; give tgt_lang or the same token on every sentence"
-        )
-        raise WrittenLanguageError(detail, second)
-    return next(iter(named))
-
-
-def written_runs(sentences: list[str], languages: list[str]) -> list[tuple[int, int]]:
-    """The (start, end) index ranges of the consecutive sentences whose starts name the same language of
-    `languages` (a written token in any spelling; a sentence without one, or with a token naming none of them,
-    is a language of its own): a file whose lines carry their own target tokens is translated run by run."""
-    keys = []
-    for sentence in sentences:
-        token, code, _ = _written_token(sentence, languages)
-        keys.append(code or token)
-    runs, start = [], 0
-    for i in range(1, len(keys) + 1):
-        if i == len(keys) or keys[i] != keys[start]:
-            runs.append((start, i))
-            start = i
-    return runs
 
 
 def parse_direction(direction: str) -> tuple[str, str]:
@@ -255,7 +154,7 @@ def check_synthetic(data: Any) -> None:
             f"a name without spaces or '/', got {entry.name!r}",
         )
         _require(
-            not any(c.isspace() for c in entry.tag) and not _WRITTEN_TOKEN.fullmatch(entry.tag),
+            not any(c.isspace() for c in entry.tag) and not LANGUAGE_TOKEN.fullmatch(entry.tag),
             f"{key}.tag",
             f"one piece without spaces, not a language token (e.g. <bt>), got {entry.tag!r}",
         )
@@ -280,6 +179,11 @@ def check_directions(data: Any) -> None:
         f"must be at least 1 (1: directions in proportion to their sizes; larger: closer to uniform), got "
         f"{data.direction_temperature}",
     )
+    _require(
+        not data.language_tokens or bool(data.directions),
+        "data.language_tokens",
+        "names the tokens of data.directions' target languages; a run without data.directions takes none",
+    )
     if not data.directions:
         return
     _require(
@@ -296,14 +200,26 @@ def check_directions(data: Any) -> None:
         "a multilingual run (data.directions) needs one joint "
         "vocabulary for every language and its tokens: set data.joint_vocab: true",
     )
+    targets = [tgt for _, tgt in pairs]
+    for code, token in data.language_tokens.items():
+        _require(
+            code in targets,
+            "data.language_tokens",
+            f"{code!r} is not a target language of data.directions ({', '.join(dict.fromkeys(targets))})",
+        )
+        _require(
+            isinstance(token, str) and bool(LANGUAGE_TOKEN.fullmatch(token)),
+            f"data.language_tokens.{code}",
+            f"a token such as >>de<< or >>deu<<, got {token!r}",
+        )
     tokens = {}
-    for _, tgt in pairs:
-        other = tokens.setdefault(language_token(tgt), tgt)
+    for tgt in targets:
+        other = tokens.setdefault(token_of(data, tgt), tgt)
         _require(
             other == tgt,
             "data.directions",
             f"target languages {other} and {tgt} have the same token "
-            f"{language_token(tgt)}: use one code for one language",
+            f"{token_of(data, tgt)}: use one code for one language",
         )
 
 
@@ -319,8 +235,12 @@ class Corpus:
     src_lang: str
     tgt_lang: str
     name: str = ""
-    """How the run's files, logs and metrics name this corpus: the direction ("de-en") of an entry of
-    data.directions; empty for the one corpus of the short form, whose files keep the run's own names."""
+    """How logs, messages and `--direction` name this corpus: its direction ("de-en") for a parallel corpus, its
+    `data.synthetic[].name` for a synthetic one (`corpora_of` names every corpus)."""
+    files: str = ""
+    """The name its files carry in a run (evaluation files, subword samples, per-corpus metrics): its name, except
+    for the one corpus of the short form data.src_lang/tgt_lang, whose files keep the run's own names (""):
+    `eval_test_best_beam.json`, not `eval_test_best_de-en_beam.json`. The bilingual layout is decided here only."""
     language_token: Optional[str] = None
     """The target-language token put first on each source (`>>eng<<`); None: no token (a bilingual run)."""
     tag: Optional[str] = None
@@ -347,6 +267,11 @@ class Corpus:
         return tuple(piece for piece in (self.language_token, self.tag) if piece)
 
     @property
+    def suffix(self) -> str:
+        """What its files' names add: "_" + `files` ("_de-en"), or "" for the short form's corpus."""
+        return f"_{self.files}" if self.files else ""
+
+    @property
     def direction(self) -> str:
         """ "src-tgt", e.g. "de-en"."""
         return f"{self.src_lang}-{self.tgt_lang}"
@@ -358,7 +283,7 @@ class Corpus:
             data,
             src_lang=self.src_lang,
             tgt_lang=self.tgt_lang,
-            directions=[self.direction] if self.name else [],
+            directions=[self.direction] if self.files else [],
             path=self.path or data.path,
             hf_dataset=None if self.path else data.hf_dataset,
             synthetic=[],
@@ -370,9 +295,10 @@ class Corpus:
 
 def corpora_of(data: Any) -> tuple[Corpus, ...]:
     """The corpora of a data section, the one place that reads its short or long form: one per entry of
-    data.directions (named by it, with its target language's token), else (src_lang, tgt_lang) with no marks; each
-    weighted data.parallel_weight. Then one per entry of data.synthetic, with its direction's languages and token,
-    its own tag, weight and folder, and no held-out splits.
+    data.directions (named by it, with its target language's token), else (src_lang, tgt_lang), named by its
+    direction, with no marks and the run's own file names (`Corpus.files`); each weighted data.parallel_weight.
+    Then one per entry of data.synthetic, with its direction's languages and token, its own name, tag, weight and
+    folder, and no held-out splits.
 
     Raises:
         ConfigError: a synthetic corpus whose direction the run does not train, or whose name is taken.
@@ -380,11 +306,12 @@ def corpora_of(data: Any) -> tuple[Corpus, ...]:
     weight = data.parallel_weight
     if data.directions:
         parallel = tuple(
-            Corpus(src, tgt, name=direction, language_token=language_token(tgt), weight=weight)
+            Corpus(src, tgt, direction, direction, token_of(data, tgt), weight=weight)
             for direction, (src, tgt) in ((d, parse_direction(d)) for d in data.directions)
         )
     else:
-        parallel = (Corpus(data.src_lang, data.tgt_lang, weight=weight),)
+        direction = f"{data.src_lang}-{data.tgt_lang}"
+        parallel = (Corpus(data.src_lang, data.tgt_lang, direction, weight=weight),)
     synthetic: list[Corpus] = []
     for i, entry in enumerate(data.synthetic):
         key = f"data.synthetic[{i}]"
@@ -405,6 +332,7 @@ def corpora_of(data: Any) -> tuple[Corpus, ...]:
             dataclasses.replace(
                 found[0],
                 name=entry.name,
+                files=entry.name,
                 tag=entry.tag or None,
                 weight=entry.weight,
                 path=entry.path,
@@ -439,42 +367,3 @@ def reserved_pieces(data: Any) -> list[str]:
     """Every piece the run's corpora put before their sources (language tokens, then tags): the vocabulary holds
     each as one whole piece."""
     return list(dict.fromkeys(piece for corpus in data.corpora for piece in corpus.source_pieces))
-
-
-@dataclass(frozen=True)
-class TargetLanguage:
-    """The language a request translates into, resolved against the model once (`resolve_target`)."""
-
-    code: str
-    """The model's own code of it (fra and FR given: fr)."""
-    token: Optional[str]
-    """Its token, put first on every source (a multilingual model); None: the model takes no token."""
-
-
-def resolve_target(data: Any, tgt_lang: Optional[str]) -> TargetLanguage:
-    """The target language a request names (`decoding.tgt_lang`), checked against the model's: None names the
-    model's only target language; a code is matched as `find_language` matches it.
-
-    Raises:
-        ConfigError (key decoding.tgt_lang): None for a model with several target languages, or a language the model
-            does not translate into; the message lists the model's languages.
-    """
-    languages = target_languages(data)
-    tokens = {c.tgt_lang: c.language_token for c in data.corpora}
-    code = languages[0] if tgt_lang is None and len(languages) == 1 else tgt_lang
-    code = find_language(code, languages) if code is not None else None
-    if code is not None:
-        return TargetLanguage(code, tokens[code])
-    if tgt_lang is None:
-        detail = (
-            f"this model translates into {len(languages)} languages: give the one to translate into, one of "
-            f"{', '.join(languages)}"
-        )
-    elif not any(tokens.values()):
-        detail = (
-            f"this model translates {describe(data)} only; tgt_lang {tgt_lang!r} is not its language (give "
-            f"{languages[0]} or leave it out)"
-        )
-    else:
-        detail = f"this model translates into {', '.join(languages)}, not {tgt_lang!r}"
-    raise ConfigError(f"decoding.tgt_lang: {detail}", key="decoding.tgt_lang", detail=detail)

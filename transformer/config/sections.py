@@ -220,6 +220,10 @@ class DataConfig:
     """A multilingual run (docs/training.md): the "src-tgt" directions trained together, e.g. [de-en, fr-en, en-de];
     each source starts with its target language's token (`>>fra<<`, `config/languages.py`). Empty: one direction,
     src_lang -> tgt_lang with no token."""
+    language_tokens: dict[str, str] = field(default_factory=dict)
+    """With directions: a target language's token where the vocabulary spells it otherwise than `>>` + ISO 639-3
+    code + `<<` (`>>deu<<`), e.g. {de: ">>de<<"} for an imported OPUS-MT model whose vocabulary has two-letter
+    tokens (`transformer translate --tgt-lang` still takes de, deu or >>de<<); {} for a model trained here."""
     synthetic: list[SyntheticCorpusConfig] = field(default_factory=list)
     """Corpora made by a model, trained on beside the parallel data (`SyntheticCorpusConfig`); [] for none."""
     parallel_weight: float = 1.0

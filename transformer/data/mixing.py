@@ -72,8 +72,8 @@ def draw_indices(n_pairs: int, share: int, rng: np.random.Generator) -> np.ndarr
 
 
 class MixedPairs:
-    """One epoch's pairs of several directions, as one corpus: what `EncodedPairs` offers the training loop
-    (`src_lengths`, `tgt_lengths`, `batch`, `src`, `tgt`, `len`), over the directions' own pairs.
+    """One epoch's pairs of the run's corpora (one or several), as one corpus: what `EncodedPairs` offers the
+    training loop (`src_lengths`, `tgt_lengths`, `batch`, `src`, `tgt`, `len`), over the corpora's own pairs.
 
     Args:
         parts: each direction's pairs (its sources start with its target language's token).
@@ -124,7 +124,11 @@ def mix_directions(
         temperature: data.direction_temperature.
         seed, epoch: training.seed and the epoch number.
         weights: each part's weight (`Corpus.weight`; None: 1 each).
+
+    A run of one corpus has nothing to mix: its epoch is its pairs as they are, in order (the batches shuffle them).
     """
+    if len(parts) == 1:
+        return MixedPairs(parts, np.zeros(len(parts[0]), dtype=np.int64), np.arange(len(parts[0])))
     rng = np.random.default_rng(
         [seed, epoch, 0x6D6978]
     )  # a stream apart from the batch order's ([seed, epoch])

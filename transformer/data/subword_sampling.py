@@ -200,7 +200,7 @@ def chunk_seed(seed: int, epoch: int, chunk: int) -> int:
 
 
 def sample_folder(run_dir: Path, epoch: int, name: str = "") -> Path:
-    """RUN_DIR/subword_samples/epoch_{epoch}, or for one direction of a multilingual run .../{name}/epoch_{epoch}."""
+    """RUN_DIR/subword_samples/{name}/epoch_{epoch}, `name` a corpus's `Corpus.files` ("" for the short form's)."""
     return run_dir / SAMPLES_FOLDER / name / f"epoch_{epoch}"
 
 
@@ -395,7 +395,8 @@ class SampledEpochs:
         seed: training.seed.
         run_dir: where the samples are written (`RUN_DIR/subword_samples/`).
         build: True for the one process per machine that builds samples (local rank 0); the others wait for them.
-        name: the direction ("de-en") of a multilingual run, whose samples have a folder of their own.
+        name: the corpus's `Corpus.files`: "" for the one corpus of a bilingual run (RUN_DIR/subword_samples/epoch_N),
+            else its own folder (.../de-en/epoch_N).
 
     Raises:
         ValueError: `cache` holds pairs in memory (no spec), not a token cache.

@@ -23,9 +23,15 @@ from typing import Any, Optional
 
 from ..attention_plot import ATTENTION_SEARCH, AttentionPlotError, request_attention
 from ..config import ConfigError, OptionError
-from ..config.languages import WrittenLanguageError, language_pairs
+from ..config.languages import language_pairs
 from ..decoding.options import SERVER_BATCHING, option_fields
-from ..request import ResolvedOptions, TranslationRequest
+from ..request import (
+    ResolvedOptions,
+    TranslationRequest,
+    WrittenLanguageError,
+    WrittenSentence,
+    read_sentences,
+)
 from ..translate import Translator
 from .batching import RequestBatcher, Translated
 
@@ -289,8 +295,8 @@ class TranslationService:
             "languages": {
                 "src_langs": list(dict.fromkeys(src for src, _ in pairs)),
                 "tgt_langs": self.translator.languages,
-                # the named directions the model was scored on (a synthetic corpus is none)
-                "directions": [c.name for c in config.data.corpora if c.name and c.held_out],
+                # the directions the model was scored on, one for a bilingual model (a synthetic corpus is none)
+                "directions": [c.name for c in config.data.corpora if c.held_out],
             },
             "device": engine.device,
             "uptime_s": round(time.time() - self._started, 1),
@@ -338,7 +344,7 @@ class TranslationService:
         self,
         given: Mapping[str, Any],
         allowed: list[dataclasses.Field],
-        sentences: list[str],
+        sentences: list[WrittenSentence],
         n_best: Optional[int] = None,
     ) -> ResolvedOptions:
         """The checkpoint's decoding section with the `given` options (those `allowed`), validated, within the limits,
@@ -377,7 +383,7 @@ class TranslationService:
 
     def _request(
         self,
-        sentences: list[str],
+        sentences: list[WrittenSentence],
         options: ResolvedOptions,
         prefix: Optional[list[Optional[str]]],
         one: bool = False,
@@ -394,8 +400,10 @@ class TranslationService:
                 422, "text" if one or len(sentences) == 1 else f"text[{err.sentence}]", err.detail
             ) from None
 
-    def _sentences(self, sentences: list[str], one: bool = False) -> list[str]:
-        """`sentences`, within the limits and valid text; refused if there is nothing to translate."""
+    def _sentences(self, sentences: list[str], one: bool = False) -> list[WrittenSentence]:
+        """`sentences`, within the limits and valid text, each read once (`request.read_sentences`: a written
+        `>>fra<<` and the text after it) for the options and the request; refused if there is nothing to
+        translate."""
         limits = self.limits
         if not sentences:
             raise RequestError(
@@ -427,7 +435,7 @@ class TranslationService:
                     f"{len(sentence)} characters; at most {limits.max_chars} (serve --max-chars)",
                 )
             _check_encodable(sentence, where)
-        return sentences
+        return read_sentences(sentences)
 
 
 def _one(languages: Any) -> Optional[str]:

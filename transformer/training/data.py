@@ -196,8 +196,8 @@ def prepare_data(
             build=dist.local_rank == 0,
         )
         logger.info(
-            "train%s: %d pairs (%d source + %d target tokens, eos included on both sides)",
-            f" {corpus.name}" if corpus.name else "",
+            "train %s: %d pairs (%d source + %d target tokens, eos included on both sides)",
+            corpus.name,
             len(train),
             int(train.src_lengths.sum()),
             int(train.tgt_lengths.sum()),
@@ -266,7 +266,7 @@ class MixedEpochs:
                 "corpora mixed with temperature %g: pairs per epoch %s",
                 self.temperature,
                 ", ".join(
-                    f"{c.name or c.direction} {int(n)} of {size}"
+                    f"{c.name} {int(n)} of {size}"
                     for c, n, size in zip(data.corpora, shares, self.sizes)
                 ),
             )
@@ -274,10 +274,8 @@ class MixedEpochs:
     def __len__(self) -> int:
         return epoch_size(self.sizes, self.weights)
 
-    def epoch(self, epoch: int) -> Union[EncodedPairs, MixedPairs]:
+    def epoch(self, epoch: int) -> MixedPairs:
         parts = [c.epoch(epoch) for c in self.corpora]
-        if len(parts) == 1:
-            return parts[0]
         return mix_directions(parts, self.sizes, self.temperature, self.seed, epoch, self.weights)
 
     def prefetch(self, epoch: int) -> None:
@@ -302,7 +300,7 @@ def training_epochs(
     data = config.data
     return MixedEpochs(
         [
-            _epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.name)
+            _epochs(config, run_dir, tokenizer, cache, dist, corpus.section(data), corpus.files)
             if corpus.trained
             else CacheEpochs(cache)  # a student's references: nothing to sample
             for corpus, cache in zip(data.corpora, caches)

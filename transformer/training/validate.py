@@ -106,8 +106,8 @@ def validate(
         "hypothesis_ids": [list(h[0].tokens) for h in hyps],
     }
     named = {
-        corpus.name: s for corpus, s in per_corpus.items() if corpus.name
-    }  # a multilingual run's directions
+        corpus.files: s for corpus, s in per_corpus.items() if corpus.files
+    }  # scored apart, as their files are named apart (`Corpus.files`): a multilingual run's directions
     if named:
         result["directions"] = {
             name: {"bleu": s.bleu, "chrf": s.chrf, "n_sentences": s.n_sentences}
