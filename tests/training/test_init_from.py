@@ -83,6 +83,21 @@ def test_a_key_the_source_fixes_is_refused_with_both_values(trained_run, multi30
     assert not (tmp_path / "r").exists()
 
 
+def test_every_refusal_of_a_source_comes_in_one_message(trained_run, multi30k_subset, tmp_path, capsys):
+    """Three mistakes, one try: a key the source fixes, a free key out of range beside it, and a tag the source's
+    vocabulary lacks are named together on one line."""
+    config = _fine_tune_config(tmp_path, multi30k_subset)
+    synthetic = "data.synthetic=[{name: bt, path: " + str(multi30k_subset) + ", tag: '<bt>'}]"
+    code = main(["train", "--config", str(config), "--run-dir", str(tmp_path / "r"), "--set", "model.d_model=128",
+                 "--set", "model.max_positions=50", "--set", synthetic, "--set", "data.joint_vocab=true",
+                 "--init-from", str(trained_run / "checkpoints" / "best.pt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    for part in ("model.d_model=128 (the source has 64)", "more than model.max_positions=50", "no piece <bt>"):
+        assert part in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
 def test_fine_tuning_run_resumes_exactly(trained_run, multi30k_subset, tmp_path, monkeypatch):
     config_path = _fine_tune_config(tmp_path, multi30k_subset, training={"max_steps": 12, "eval_every_steps": 8})
     source = load_source(trained_run / "checkpoints" / "best.pt")

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from ..checkpoint import load_checkpoint
-from ..config import Config, ConfigError, TransformerConfig, config_from_dict
+from ..config import Config, ConfigError, TransformerConfig, check_trainable, config_from_dict
 from ..config.languages import language_tokens, target_languages
 from ..engines import load_model
 from ..tokenizer import Tokenizer, TokenizerError
@@ -113,7 +113,9 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
         where: the recipe's name, for messages (e.g. "configs/x.yaml with --set ...").
 
     Raises:
-        ConfigError: a key SOURCE fixes set to another value (naming the key and both values), or any invalid key.
+        ConfigError: every refusal at once (joined by " | "): a key SOURCE fixes set to another value (naming the key
+            and both values), training.init_from set otherwise, any invalid key, a language token or tag the
+            source's vocabulary lacks.
     """
     raw = copy.deepcopy(raw) if isinstance(raw, dict) else raw
     if not isinstance(raw, dict):
@@ -122,7 +124,7 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
         "model": (source.config.model, FIXED_MODEL_KEYS),
         "data": (source.config.data, FIXED_DATA_KEYS),
     }
-    refused = []
+    refused, problems = [], []
     for section, (values, keys) in fixed.items():
         given = raw.get(section) or {}
         raw[section] = given
@@ -132,69 +134,75 @@ def fine_tuning_config(raw: dict[str, Any], source: InitSource, where: str) -> C
                 refused.append(f"{section}.{key}={given[key]!r} (the source has {theirs!r})")
             given[key] = theirs
     if refused:
-        raise ConfigError(
-            f"{where}: --init-from {source.path} fixes the model and its tokenizer, but the config sets "
-            f"{'; '.join(refused)}: remove these keys or give the source's values"
+        problems.append(
+            f"it fixes the model and its tokenizer, but the config sets {'; '.join(refused)}: remove these keys "
+            "or give the source's values"
         )
     training = raw.get("training") or {}
     raw["training"] = training
     for key, value in (("init_from", source.path), ("init_from_sha256", source.sha256)):
         if training.get(key) not in (None, value):
-            raise ConfigError(
-                f"{where}: training.{key} is set by --init-from; remove it from the config"
-            )
+            problems.append(f"training.{key} is set by --init-from; remove it from the config")
         training[key] = value
     model = source.config.model
-    try:
+    try:  # with the source's values in place: what else is wrong is said in the same message
         config = config_from_dict(raw, vocab_sizes=(model.src_vocab_size, model.tgt_vocab_size))
     except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    _check_languages(config, source, where)
+        problems.append(str(err))
+    else:
+        try:
+            check_trainable(config)
+        except ConfigError as err:
+            problems.append(str(err))
+        problems += _language_problems(config, source)
+    if problems:
+        raise ConfigError(
+            f"{where}: --init-from {source.path}: " + " | ".join(problems)
+            if len(problems) > 1 or refused
+            else f"{where}: {problems[0]}"
+        )
     return config
 
 
-def _check_languages(config: Config, source: InitSource, where: str) -> None:
+def _language_problems(config: Config, source: InitSource) -> list[str]:
     """A source whose sources carry language tokens (a multilingual model, fine-tuned on one direction or a new mix)
     keeps them: the run's corpora must carry them too (data.directions, not src_lang/tgt_lang alone, which would
-    train without the token), and each of the run's tokens must be a piece of the source's vocabulary (a new one is
-    not added: the weights have no row for it).
-
-    Raises:
-        ConfigError (data.directions): either refusal, naming the source's languages.
-    """
+    train without the token), and each of the run's tokens and tags must be a piece of the source's vocabulary (a
+    new one is not added: the weights have no row for it). Returns every refusal (none: it can start), each naming
+    its key."""
     theirs, ours = language_tokens(source.config.data), language_tokens(config.data)
     if theirs and not ours:
         directions = ", ".join(corpus.direction for corpus in source.config.data.corpora)
-        raise ConfigError(
-            f"{where}: --init-from {source.path} is a multilingual model ({directions}): set "
+        return [
+            f"data.directions: --init-from {source.path} is a multilingual model ({directions}): set "
             f"data.directions (e.g. [{config.data.src_lang}-{config.data.tgt_lang}]) so that its "
-            "sources keep their target-language token",
-            key="data.directions",
-        )
+            "sources keep their target-language token"
+        ]
     if source.tokenizer is None:  # --resume: the run's own checkpoint was checked when it started
-        return
+        return []
+    problems = []
     for corpus in config.data.corpora:
         try:
             source.tokenizer.source_prefix(corpus)
         except TokenizerError:
             if corpus.tag and corpus.language_token is None or corpus.held_out is False:
-                raise ConfigError(
-                    f"{where}: data.synthetic: --init-from {source.path} has no piece {corpus.tag} in its "
+                problems.append(
+                    f"data.synthetic ({corpus.name}): --init-from {source.path} has no piece {corpus.tag} in its "
                     "vocabulary (a tag is added only to a vocabulary trained with it): set tag: '' for this "
-                    "corpus, or train from scratch",
-                    key="data.synthetic",
-                ) from None
+                    "corpus, or train from scratch"
+                )
+                continue
             have = (
                 ", ".join(target_languages(source.config.data))
                 if theirs
                 else "none (a bilingual model)"
             )
-            raise ConfigError(
-                f"{where}: data.directions: --init-from {source.path} has no {corpus.language_token} "
+            problems.append(
+                f"data.directions: --init-from {source.path} has no {corpus.language_token} "
                 f"token in its vocabulary, so it cannot learn to translate into {corpus.tgt_lang}; its "
-                f"target languages: {have}",
-                key="data.directions",
-            ) from None
+                f"target languages: {have}"
+            )
+    return list(dict.fromkeys(problems))
 
 
 def run_config(
