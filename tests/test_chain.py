@@ -5,6 +5,8 @@ committed ones are (delta recipes with `made_by`), killed and run again."""
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -146,6 +148,16 @@ def test_each_kind_of_step_is_missing_stopped_or_finished_by_its_output(in_tmp):
     assert (reverse.state(), corpus.state(), scores.state()) == (FINISHED, FINISHED, FINISHED)
     again = {s.output: s for s in plan(CONFIGS / "multi30k_fr_en_bt.yaml")}
     assert "made by /elsewhere/best.pt, not " in again[Path("runs/synthetic/task2_en_fr")].note  # which model made it
+    best = Path("runs/multi30k_en_fr_reverse/checkpoints/best.pt")
+    best.write_bytes(b"the reverse model trained again")
+    made = {"model": [{"path": str(best.resolve()), "sha256": hashlib.sha256(b"an earlier model").hexdigest()}]}
+    Path("runs/synthetic/task2_en_fr/origin.json").write_text(json.dumps(made))
+    again = {s.output: s for s in plan(CONFIGS / "multi30k_fr_en_bt.yaml")}
+    assert f"made by an earlier {best.resolve()} (its SHA-256 has changed" in again[corpus.output].note
+    made["model"][0]["sha256"] = hashlib.sha256(best.read_bytes()).hexdigest()  # the same model: nothing to say
+    Path("runs/synthetic/task2_en_fr/origin.json").write_text(json.dumps(made))
+    again = {s.output: s for s in plan(CONFIGS / "multi30k_fr_en_bt.yaml")}
+    assert again[corpus.output].note == ""
 
 
 def test_run_folders_are_named_after_their_recipe():

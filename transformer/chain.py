@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, load_config
 from .config.loading import is_recipe, model_checkpoint, run_dir_of
+from .files import sha256_of
 
 MISSING, STOPPED, FINISHED = "missing", "stopped", "finished"
 
@@ -200,21 +201,36 @@ class _Planner:
 
 
 def _origin_note(folder: Path, checkpoints: list[Path]) -> str:
-    """A remark when an existing corpus was made by other models than `checkpoints` (its origin.json says which)."""
+    """A remark when an existing corpus was made by other models than `checkpoints` (its origin.json says which):
+    other paths, or the same paths whose content has changed since (their SHA-256 differs from the one recorded: a
+    model trained again)."""
     origin = folder / "origin.json"
     if not origin.is_file():
         return ""
     try:
-        made = [m["path"] for m in json.loads(origin.read_text(encoding="utf-8"))["model"]]
+        models = json.loads(origin.read_text(encoding="utf-8"))["model"]
+        made = [m["path"] for m in models]
     except (ValueError, KeyError, TypeError):
         return f"{origin} is not a synthesize origin.json"
     wanted = [str(c.resolve()) for c in checkpoints]
-    if made == wanted:
-        return ""
-    return (
-        f"made by {', '.join(made)}, not {', '.join(wanted)}: kept as it is (move the folder away to make it "
-        "again)"
-    )
+    if made != wanted:
+        return (
+            f"made by {', '.join(made)}, not {', '.join(wanted)}: kept as it is (move the folder away to make "
+            "it again)"
+        )
+    changed = [
+        m["path"]
+        for m in models
+        if m.get("sha256")
+        and Path(m["path"]).is_file()
+        and sha256_of(Path(m["path"])) != m["sha256"]
+    ]
+    if changed:
+        return (
+            f"made by an earlier {', '.join(changed)} (its SHA-256 has changed since): kept as it is (move the "
+            "folder away to make it again)"
+        )
+    return ""
 
 
 def plan(recipe: str | Path, overrides: tuple[str, ...] = (), average_last: int = 5) -> list[Step]:

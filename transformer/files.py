@@ -7,6 +7,7 @@ earlier export or empty (`check_replaceable`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -113,3 +114,14 @@ def write_folder(output_dir: Path, write: Callable[[Path], None]) -> None:
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+
+
+def sha256_of(path: Path) -> str:
+    """SHA-256 of a file's bytes, or of a folder's files' bytes in name order (how `origin.json` names a model)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        with open(file, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()

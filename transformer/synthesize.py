@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from .data import DataError, LineReader
 from .decoding.options import warn_length_cap
-from .files import write_file, write_folder
+from .files import sha256_of, write_file, write_folder
 from .request import ResolvedOptions
 from .translate import Translator
 
@@ -163,16 +163,6 @@ def filter_pairs(
     return kept, dropped
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with open(file, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def synthesize(
     translator: Translator,
     inputs: list[str],
@@ -249,7 +239,7 @@ def read_job(
         "exclude": [str(Path(p).resolve()) for p in exclude],
         "lines_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
         "model": [
-            {"path": str(Path(c).resolve()), "sha256": _sha256(Path(c))} for c in checkpoints
+            {"path": str(Path(c).resolve()), "sha256": sha256_of(Path(c))} for c in checkpoints
         ],
         "search": dataclasses.asdict(options.decoding),
         "input_lang": input_lang,
