@@ -80,31 +80,32 @@ class CPUDecoderLayer(nn.Module):
         bias: Optional[Tensor],
         memory_key_padding_mask: Optional[Tensor],
     ) -> Tensor:
-        """One new position: `(rows, 1, d_model)` -> `(rows, 1, d_model)`; rows a multiple g of the memory rows."""
-        rows, memory_rows = x.size(0), cross.key.size(0)
+        """One new position: `(rows, d_model)` -> `(rows, d_model)`; rows a multiple g of the memory rows.
+
+        The rows stay two-dimensional (one position each), so that every linear layer is one matrix product with no
+        reshaping around it."""
+        rows, memory_rows, d_model = x.size(0), cross.key.size(0), x.size(1)
         h = self.norm1(x) if self.norm_first else x
-        q, k, v = self.self_qkv(h).chunk(3, dim=-1)  # each (rows, 1, d_model)
-        k, v = self_cache.append(
-            self.split_heads(k), self.split_heads(v)
-        )  # (rows, n_heads, length, d_head)
+        # q, k, v: (rows, n_heads, 1, d_head) views of the packed projection
+        q, k, v = self.self_qkv(h).view(rows, 3, self.n_heads, 1, self.d_head).unbind(1)
+        k, v = self_cache.append(k, v)  # (rows, n_heads, length, d_head)
         h = self.self_out(
-            cached_attention(self.split_heads(q), k, v, None)
-        )  # one new position sees every key
+            cached_attention(q, k, v, None).view(rows, d_model)
+        )  # one position sees every key
         x = residual(x, h, self.norm1, self.norm_first)
         h = self.norm2(x) if self.norm_first else x
-        group = rows // memory_rows
-        h = h.reshape(
-            memory_rows, group, h.size(-1)
-        )  # the g rows of a sentence as g query positions of its row
-        q = self.split_heads(self.cross_q(h))  # (memory_rows, n_heads, group, d_head)
+        group = (
+            rows // memory_rows
+        )  # the g rows of a sentence as g query positions of its memory row
+        q = self.cross_q(h).view(memory_rows, group, self.n_heads, self.d_head).transpose(1, 2)
         if bias is not None or memory_key_padding_mask is None:
             h = cached_attention(q, cross.key, cross.value, bias)
         else:  # a row of padding only: the explicit path, which attends to nothing there
             out, _ = scaled_dot_product_attention(
                 q, cross.key, cross.value, ~memory_key_padding_mask[:, None, None, :]
             )
-            h = out.transpose(1, 2).reshape(memory_rows, group, h.size(-1))
-        h = self.cross_out(h).reshape(rows, 1, h.size(-1))
+            h = out.transpose(1, 2).reshape(memory_rows, group, d_model)
+        h = self.cross_out(h.view(rows, d_model))
         x = residual(x, h, self.norm2, self.norm_first)
         h = self.feed_forward(self.norm3(x) if self.norm_first else x)
         return residual(x, h, self.norm3, self.norm_first)
@@ -220,9 +221,7 @@ class CPUDecoder(nn.Module):
         Raises:
             ValueError: the decoded length would exceed max_positions.
         """
-        x = self.embedding(tokens[:, None]) + self.positional_encoding(
-            1, cache.length
-        )  # (rows, 1, d_model)
+        x = self.embedding(tokens) + self.positional_encoding(1, cache.length)  # (rows, d_model)
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
@@ -234,4 +233,4 @@ class CPUDecoder(nn.Module):
         cache.length += 1
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return self.output_projection(x)[:, -1]
+        return self.output_projection(x)
