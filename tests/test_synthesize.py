@@ -285,7 +285,7 @@ def test_the_toy_chain_reverse_model_then_synthesis_then_training(trained_run, m
     from transformer.serve.service import TranslationService
 
     assert TranslationService(translator).health()["languages"] == {  # a synthetic corpus is not a direction
-        "src_langs": ["en"], "tgt_langs": ["de"], "directions": []}
+        "src_langs": ["en"], "tgt_langs": ["de"], "directions": ["en-de"]}
     tag = translator.tokenizer.token_id("<bt>")  # one whole piece of the vocabulary, put by id, never read from text
     assert tag not in translator.tokenizer.src_ids(["<bt> A dog", "A <bt> dog"])[0]
 

@@ -341,10 +341,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     )
     n_best = args.n_best or 1
     kwargs = {**_decoding_kwargs(args), "n_best": n_best}
-    # Bad options (a given --tgt-lang among them) fail before any input is read; without --tgt-lang each run of
-    # lines that name the same language (>>fra<< at their start, or none) is translated into its own.
-    translator.check_options(**kwargs)
+    # Bad options fail before any input is read. With --tgt-lang the options are resolved once, here; without it
+    # each run of lines that name the same language (>>fra<< at their start, or none) resolves its own below.
     chosen = kwargs.get("tgt_lang") is not None
+    fixed = translator.resolve_options(**kwargs) if chosen else None
+    translator.check_options(**{**kwargs, "tgt_lang": None})
     if args.alignment and translator.engine.attention_model is None:
         raise ConfigError(
             f"--alignment reads our model's attention; a {translator.engine.name} model has none"
@@ -377,7 +378,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 run_lines = read[start:end]
                 run_prefixes = prefixes[start:end] if prefixes is not None else None
                 try:
-                    run_options = translator.resolve_options(run_lines, **kwargs)
+                    run_options = fixed or translator.resolve_options(run_lines, **kwargs)
                     request = translator.request(run_lines, run_options, run_prefixes)
                 # a line starting with another language's token than tgt_lang: name the line
                 except WrittenLanguageError as err:

@@ -239,7 +239,7 @@ def _corpus(data: DataConfig, split: str, direction: Optional[str]) -> Corpus:
             f"evaluate: --split {split} of a model of several directions: give --direction, one of {names}"
         )
     raise ConfigError(
-        f"evaluate: --direction {direction}: this model translates {names} (give one of them)"
+        f"evaluate: --direction {direction}: this model translates {names}, not {direction} (give one of them)"
     )
 
 

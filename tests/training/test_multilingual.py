@@ -258,7 +258,7 @@ def test_a_bilingual_model_takes_only_its_own_target_language(trained_run):
     with pytest.raises(ConfigError, match=r"translates de->en only; tgt_lang 'fr' is not its language"):
         translator.translate(sentence, tgt_lang="fr")
     assert TranslationService(translator).health()["languages"] == {"src_langs": ["de"], "tgt_langs": ["en"],
-                                                                   "directions": []}
+                                                                   "directions": ["de-en"]}
     assert translator.engine.banned_ids == ()  # a bilingual model has no marks to ban
     # a token written at the start is a language instruction on every model: its own is taken out, another refused
     assert translator.translate([">>eng<< " + sentence[0]]) == translator.translate([">>en<<" + sentence[0]]) == \

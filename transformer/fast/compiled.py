@@ -1,6 +1,6 @@
 """The decoder's incremental step compiled by `torch.compile` (`--compile`), on fixed-capacity key/value buffers.
 
-`CPUDecoder.decode_step` dispatches about 40 PyTorch operators per layer and step from Python. `CompiledDecoder`
+`CPUDecoder.decode_step` dispatches about 60 PyTorch operators per layer and step from Python. `CompiledDecoder`
 runs the same arithmetic as one function per step, which TorchInductor compiles into C++: the small operators
 between the matrix products (bias, softmax, residual and LayerNorm) are fused into a few loops, the weights are
 frozen into the compiled code in the layout its kernels prefer (`freezing`), and the step is called from C++
