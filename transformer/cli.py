@@ -534,7 +534,9 @@ def _evaluate_flags(evaluate: argparse.ArgumentParser) -> None:
         help="override the checkpoint's data section for --split, e.g. --set data.path=DIR",
     )
     evaluate.add_argument(
-        "--direction", metavar="SRC-TGT", help="with --split: a direction of a multilingual model"
+        "--direction",
+        metavar="SRC-TGT",
+        help="with --split: the direction whose split is scored (needed for a model of several)",
     )
     evaluate.add_argument(
         "--json", help="write the scores here as JSON, and the hypotheses beside it (.hyp.txt)"
