@@ -352,7 +352,7 @@ def _in_order(checkpoints: list[str]) -> list[str]:
 
 
 def scores_table(run_dir: Path) -> str:
-    """The Markdown table of `read_scores`: a row per direction (and their mean for several), a column per
+    """The Markdown table of `read_scores`: a row per direction and their mean, a column per
     checkpoint and search, each cell "BLEU / chrF"; a cell with no file is empty."""
     directions, checkpoints, scores = read_scores(Path(run_dir))
     columns = [(c, s) for c in checkpoints for s in SEARCHES]
@@ -370,16 +370,15 @@ def scores_table(run_dir: Path) -> str:
             + " | ".join(cell(scores.get((direction, c, s))) for c, s in columns)
             + " |"
         )
-    if len(directions) > 1:
-        means = []
-        for c, s in columns:
-            values = [scores.get((d, c, s)) for d in directions]
-            means.append(
-                None
-                if None in values
-                else tuple(sum(v[i] for v in values) / len(values) for i in (0, 1))
-            )
-        lines.append("| mean | " + " | ".join(cell(m) for m in means) + " |")
+    means = []  # over the directions (a bilingual run's mean is its one row)
+    for c, s in columns:
+        values = [scores.get((d, c, s)) for d in directions]
+        means.append(
+            None
+            if None in values
+            else tuple(sum(v[i] for v in values) / len(values) for i in (0, 1))
+        )
+    lines.append("| mean | " + " | ".join(cell(m) for m in means) + " |")
     return "\n".join(lines) + "\n"
 
 
